@@ -1,0 +1,1 @@
+"""ember.core.partition_specs."""

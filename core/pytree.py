@@ -1,0 +1,188 @@
+"""Pytrees on `torch.utils._pytree`, the tree format `torch.compile` understands natively.
+
+Public names: `dataclass`, `field`, `tree_map`, `tree_map_with_path`, `tree_leaves`,
+`tree_flatten`, `tree_unflatten`, `tree_structure`, `tree_flatten_with_path`, `tree_paths`,
+`tree_leaves_with_path`, `keystr`, `is_pytree_node`, `check_same_structure`.
+
+A `@ember.core.pytree.dataclass` is a frozen dataclass registered as a pytree node: tensor fields
+are leaves (children), fields declared with `field(static=True)` travel in the tree's context and
+are compared by value, so a compiled step specialises on them. Update with `.replace(**changes)`.
+
+Example:
+    >>> import torch
+    >>> from ember.core import pytree
+    >>> @pytree.dataclass
+    ... class Point:
+    ...     xy: torch.Tensor
+    ...     name: str = pytree.field(static=True, default="p")
+    >>> p = Point(torch.zeros(2))
+    >>> pytree.tree_map(lambda t: t + 1, p).xy.tolist()
+    [1.0, 1.0]
+    >>> pytree.tree_paths({"blocks": [{"wq": torch.ones(1)}]})
+    ['blocks.0.wq']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable, Iterable, List, Tuple, TypeVar
+
+import torch
+import torch.utils._pytree as _pytree
+
+from .types import PyTree
+
+__all__ = [
+    "check_same_structure",
+    "dataclass",
+    "field",
+    "is_pytree_node",
+    "keystr",
+    "tree_flatten",
+    "tree_flatten_with_path",
+    "tree_leaves",
+    "tree_leaves_with_path",
+    "tree_map",
+    "tree_map_with_path",
+    "tree_paths",
+    "tree_structure",
+    "tree_unflatten",
+]
+
+T = TypeVar("T")
+
+tree_map = _pytree.tree_map
+tree_leaves = _pytree.tree_leaves
+tree_flatten = _pytree.tree_flatten
+tree_unflatten = _pytree.tree_unflatten
+tree_structure = _pytree.tree_structure
+tree_flatten_with_path = _pytree.tree_flatten_with_path
+
+
+def field(*, static: bool = False, **kwargs: Any) -> Any:
+    """A dataclass field; `static=True` keeps it out of the leaves (hyperparameters, callables).
+
+    Static fields must be hashable and comparable by value: a compiled function re-specialises
+    when one changes. A tensor in a static field warns, since it would be baked into the graph.
+    """
+    metadata = dict(kwargs.pop("metadata", None) or {})
+    metadata["static"] = static
+    return dataclasses.field(metadata=metadata, **kwargs)
+
+
+def _split_fields(cls: type) -> Tuple[List[str], List[str]]:
+    children, static = [], []
+    for f in dataclasses.fields(cls):
+        (static if f.metadata.get("static", False) else children).append(f.name)
+    return children, static
+
+
+def dataclass(cls: type[T] | None = None, **kwargs: Any) -> Any:
+    """Make `cls` a frozen dataclass registered as a pytree node (see module docstring).
+
+    Subclasses of a registered dataclass must be decorated again to add their own fields.
+    """
+
+    def wrap(cls: type[T]) -> type[T]:
+        kwargs.setdefault("frozen", True)
+        cls = dataclasses.dataclass(cls, **kwargs)
+        children, static = _split_fields(cls)
+
+        def flatten(obj: Any) -> Tuple[List[Any], Any]:
+            static_values = tuple(getattr(obj, n) for n in static)
+            return [getattr(obj, n) for n in children], static_values
+
+        def flatten_with_keys(obj: Any) -> Tuple[List[Tuple[Any, Any]], Any]:
+            leaves, context = flatten(obj)
+            return [(_pytree.GetAttrKey(n), v) for n, v in zip(children, leaves)], context
+
+        def unflatten(values: Iterable[Any], context: Any) -> Any:
+            kw = dict(zip(children, values))
+            kw.update(zip(static, context))
+            return cls(**kw)
+
+        _pytree.register_pytree_node(
+            cls,
+            flatten,
+            unflatten,
+            serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+            flatten_with_keys_fn=flatten_with_keys,
+        )
+
+        def replace(self: T, **changes: Any) -> T:
+            """Return a copy with `changes` applied (the object itself is frozen)."""
+            return dataclasses.replace(self, **changes)
+
+        def __post_init__(self: Any, _orig=getattr(cls, "__post_init__", None)) -> None:
+            for name in static:
+                if isinstance(getattr(self, name), torch.Tensor):
+                    warnings.warn(
+                        f"{cls.__name__}.{name} is a static field but holds a tensor; it will be "
+                        f"baked into compiled graphs as a constant. Declare it without "
+                        f"`static=True` to make it a leaf.",
+                        stacklevel=3,
+                    )
+            if _orig is not None:
+                _orig(self)
+
+        if not hasattr(cls, "replace"):
+            cls.replace = replace
+        cls.__post_init__ = __post_init__
+        return cls
+
+    return wrap if cls is None else wrap(cls)
+
+
+def _key_to_str(k: Any) -> str:
+    if isinstance(k, _pytree.SequenceKey):
+        return str(k.idx)
+    if isinstance(k, _pytree.MappingKey):
+        return str(k.key)
+    if isinstance(k, _pytree.GetAttrKey):
+        return k.name
+    return str(k)
+
+
+def keystr(path: Tuple[Any, ...]) -> str:
+    """Render a key path as a dotted string: `("blocks", 3, "attn", "wq") -> "blocks.3.attn.wq"`."""
+    return ".".join(_key_to_str(k) for k in path)
+
+
+def tree_leaves_with_path(tree: PyTree) -> List[Tuple[str, Any]]:
+    """`[(dotted_path, leaf), ...]` in flatten order."""
+    leaves, _ = tree_flatten_with_path(tree)
+    return [(keystr(path), leaf) for path, leaf in leaves]
+
+
+def tree_paths(tree: PyTree) -> List[str]:
+    """Dotted paths of every leaf, in flatten order (`"blocks.3.attn.wq"`)."""
+    return [p for p, _ in tree_leaves_with_path(tree)]
+
+
+def tree_map_with_path(fn: Callable[[str, Any], Any], tree: PyTree, *rest: PyTree) -> PyTree:
+    """`tree_map` whose function also receives the dotted path of each leaf as first argument."""
+    leaves, spec = tree_flatten_with_path(tree)
+    others = [spec.flatten_up_to(r) for r in rest]
+    out = [fn(keystr(path), leaf, *(o[i] for o in others)) for i, (path, leaf) in enumerate(leaves)]
+    return tree_unflatten(out, spec)
+
+
+def is_pytree_node(obj: Any) -> bool:
+    """True if `obj` is a container `torch.utils._pytree` knows (dict, list, registered class...)."""
+    return not _pytree._is_leaf(obj)
+
+
+def check_same_structure(a: PyTree, b: PyTree, *, what: str = "trees", fix: str = "") -> None:
+    """Raise `ValueError` naming the first differing path when `a` and `b` differ in structure."""
+    sa, sb = tree_structure(a), tree_structure(b)
+    if sa == sb:
+        return
+    pa, pb = set(tree_paths(a)), set(tree_paths(b))
+    only_a, only_b = sorted(pa - pb)[:5], sorted(pb - pa)[:5]
+    detail = (
+        f"paths only in the first: {only_a}; only in the second: {only_b}"
+        if (only_a or only_b)
+        else f"same paths but different containers:\n  {sa}\nvs\n  {sb}"
+    )
+    raise ValueError(f"{what} do not have the same structure: {detail}. {fix}".rstrip())

@@ -1,0 +1,175 @@
+"""Counter-based random keys, JAX-style, built from int64 tensor ops so they trace everywhere.
+
+Public names: `key`, `split`, `fold_in`, `bits`, `uniform`, `normal`, `bernoulli`, `dropout`,
+`randint`, `permutation`.
+
+A key is a 0-d int64 tensor. Every random function is a pure function of its key: the same key
+gives the same numbers eagerly, under `torch.compile(fullgraph=True)` and under torch_xla (on the
+same backend). `torch.Generator` and the global RNG are never touched, so a step that takes its
+key from the train state is a pure function of its inputs and a resumed run is bit-identical.
+
+The mixer is splitmix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
+OOPSLA 2014) over wrapping int64 arithmetic; logical right shifts are emulated with masks because
+torch's `>>` on int64 is arithmetic. Counters are added to the key *before* any multiplication:
+torch 2.9's CPU Inductor miscompiles `arange(n, dtype=int64) * <64-bit constant>` (it folds the
+product into an index expression that overflows), giving wrong values and heap corruption for
+sizes that are not a multiple of the vector width.
+
+Example:
+    >>> from ember.core import random
+    >>> k = random.key(0)
+    >>> k1, k2 = random.split(k)
+    >>> random.normal(k1, (2, 3)).shape
+    torch.Size([2, 3])
+    >>> bool((random.uniform(k2, (4,)) == random.uniform(k2, (4,))).all())
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from .types import Key
+
+__all__ = [
+    "bernoulli",
+    "bits",
+    "dropout",
+    "fold_in",
+    "key",
+    "normal",
+    "permutation",
+    "randint",
+    "split",
+    "uniform",
+]
+
+
+def _s64(x: int) -> int:
+    """Reinterpret an unsigned 64-bit constant as signed int64."""
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+_GOLDEN = _s64(0x9E3779B97F4A7C15)
+_MIX1 = _s64(0xBF58476D1CE4E5B9)
+_MIX2 = _s64(0x94D049BB133111EB)
+_SPLIT_SALT = _s64(0xD1B54A32D192ED03)
+_FOLD_SALT = _s64(0x8CB92BA72F3D8DD7)
+
+
+def _srl(x: Tensor, s: int) -> Tensor:
+    """Logical right shift of int64 by `s` bits."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(z: Tensor) -> Tensor:
+    """splitmix64 finaliser: a bijection on 64-bit integers with good avalanche."""
+    z = (z ^ _srl(z, 30)) * _MIX1
+    z = (z ^ _srl(z, 27)) * _MIX2
+    return z ^ _srl(z, 31)
+
+
+def _check_key(k: Tensor, fn: str) -> None:
+    if not isinstance(k, Tensor) or k.dtype != torch.int64:
+        got = f"{type(k).__name__}" if not isinstance(k, Tensor) else f"tensor of dtype {k.dtype}"
+        raise TypeError(
+            f"{fn} expects a key made by ember.core.random.key(seed) (0-d int64 tensor), got {got}. "
+            f"Create one with `key = ember.random.key(0)` and pass it down the call."
+        )
+
+
+def key(seed: Union[int, Tensor], *, device: Optional[torch.device | str] = None) -> Key:
+    """A new key from an integer seed (a 0-d int64 tensor)."""
+    if isinstance(seed, Tensor):
+        return _mix(seed.to(torch.int64) + _GOLDEN)
+    return _mix(torch.tensor(seed, dtype=torch.int64, device=device) + _GOLDEN)
+
+
+def split(k: Key, num: int = 2) -> Tensor:
+    """`num` independent keys derived from `k`, stacked as a `(num,)` int64 tensor.
+
+    Unpack them like JAX keys: `k1, k2 = split(k)`.
+    """
+    _check_key(k, "split")
+    counters = torch.arange(1, num + 1, dtype=torch.int64, device=k.device)
+    return _mix(_mix(counters + k) ^ _SPLIT_SALT)
+
+
+def fold_in(k: Key, data: Union[int, Tensor]) -> Key:
+    """A new key from `k` and an integer (a step count, a layer index, a rank)."""
+    _check_key(k, "fold_in")
+    if not isinstance(data, Tensor):
+        data = torch.tensor(data, dtype=torch.int64, device=k.device)
+    return _mix(k ^ _mix(data.to(torch.int64) * _GOLDEN + _FOLD_SALT))
+
+
+def bits(k: Key, shape: Sequence[int]) -> Tensor:
+    """Uniform random int64 bit patterns of `shape` (counter mode: element i hashes (key, i))."""
+    _check_key(k, "bits")
+    n = math.prod(shape)
+    counters = torch.arange(n, dtype=torch.int64, device=k.device)
+    return _mix(_mix(counters + k) + _GOLDEN).reshape(tuple(shape))
+
+
+def uniform(
+    k: Key,
+    shape: Sequence[int] = (),
+    *,
+    dtype: torch.dtype = torch.float32,
+    minval: float = 0.0,
+    maxval: float = 1.0,
+) -> Tensor:
+    """Uniform floats in `[minval, maxval)` (24 random bits; 53 for float64)."""
+    b = bits(k, shape)
+    if dtype == torch.float64:
+        u = _srl(b, 11).to(torch.float64) * (2.0**-53)
+    else:
+        u = _srl(b, 40).to(torch.float32) * (2.0**-24)
+    u = u * (maxval - minval) + minval
+    return u.to(dtype)
+
+
+def normal(k: Key, shape: Sequence[int] = (), *, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Standard normal samples by inverse-CDF: `sqrt(2) * erfinv(2u - 1)`, u in the open (0, 1)."""
+    b = bits(k, shape)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    if work == torch.float64:
+        u = (_srl(b, 11).to(work) + 0.5) * (2.0**-53)
+    else:
+        u = (_srl(b, 40).to(work) + 0.5) * (2.0**-24)
+    return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(dtype)
+
+
+def bernoulli(k: Key, p: Union[float, Tensor], shape: Sequence[int] = ()) -> Tensor:
+    """Boolean samples, True with probability `p`."""
+    return uniform(k, shape) < p
+
+
+def randint(k: Key, shape: Sequence[int], low: int, high: int) -> Tensor:
+    """Integers in `[low, high)` (slightly biased for huge ranges; fine below 2**31)."""
+    if high <= low:
+        raise ValueError(f"randint needs low < high, got low={low}, high={high}.")
+    return _srl(bits(k, shape), 1) % (high - low) + low
+
+
+def permutation(k: Key, n: int) -> Tensor:
+    """A random permutation of `range(n)` (argsort of random bits)."""
+    return torch.argsort(_srl(bits(k, (n,)), 1))
+
+
+def dropout(k: Key, x: Tensor, rate: float, *, deterministic: bool = False) -> Tensor:
+    """Zero each element of `x` with probability `rate`, scaling the rest by `1 / (1 - rate)`.
+
+    `rate` is a Python float (a model hyperparameter); `deterministic=True` or `rate == 0`
+    returns `x` unchanged, so evaluation needs no key.
+    """
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout rate must be in [0, 1), got {rate}.")
+    if deterministic or rate == 0.0:
+        return x
+    keep = uniform(k, x.shape) >= rate
+    return torch.where(keep, x / (1.0 - rate), torch.zeros((), dtype=x.dtype, device=x.device))

@@ -1,0 +1,1 @@
+"""ember.core.step_fns."""
