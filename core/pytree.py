@@ -78,6 +78,35 @@ def _split_fields(cls: type) -> Tuple[List[str], List[str]]:
     return children, static
 
 
+def _replace(self: T, **changes: Any) -> T:
+    """Return a copy with `changes` applied (the object itself is frozen)."""
+    return dataclasses.replace(self, **changes)
+
+
+def _make_post_init(user_post_init: Callable[[Any], None] | None) -> Callable[[Any], None]:
+    if getattr(user_post_init, "_ember_checks_static", False):
+        user_post_init = user_post_init._ember_user_post_init  # a parent's wrapper: unwrap once
+
+    def __post_init__(self: Any) -> None:
+        # Skipped while tracing: the check is for users building states, and dataclass field
+        # metadata (a mappingproxy) is opaque to Dynamo.
+        static_names = () if torch.compiler.is_compiling() else type(self)._ember_static_fields
+        for name in static_names:
+            if isinstance(getattr(self, name), torch.Tensor):
+                warnings.warn(
+                    f"{type(self).__name__}.{name} is a static field but holds a tensor; it will "
+                    f"be baked into compiled graphs as a constant. Declare it without "
+                    f"`static=True` to make it a leaf.",
+                    stacklevel=3,
+                )
+        if user_post_init is not None:
+            user_post_init(self)
+
+    __post_init__._ember_checks_static = True
+    __post_init__._ember_user_post_init = user_post_init
+    return __post_init__
+
+
 def dataclass(cls: type[T] | None = None, **kwargs: Any) -> Any:
     """Make `cls` a frozen dataclass registered as a pytree node (see module docstring).
 
@@ -86,8 +115,12 @@ def dataclass(cls: type[T] | None = None, **kwargs: Any) -> Any:
 
     def wrap(cls: type[T]) -> type[T]:
         kwargs.setdefault("frozen", True)
+        user_post_init = cls.__dict__.get("__post_init__")
+        # Installed before `dataclasses.dataclass` so the generated __init__ calls it.
+        cls.__post_init__ = _make_post_init(user_post_init or getattr(cls, "__post_init__", None))
         cls = dataclasses.dataclass(cls, **kwargs)
         children, static = _split_fields(cls)
+        cls._ember_static_fields = tuple(static)
 
         def flatten(obj: Any) -> Tuple[List[Any], Any]:
             static_values = tuple(getattr(obj, n) for n in static)
@@ -109,26 +142,8 @@ def dataclass(cls: type[T] | None = None, **kwargs: Any) -> Any:
             serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
             flatten_with_keys_fn=flatten_with_keys,
         )
-
-        def replace(self: T, **changes: Any) -> T:
-            """Return a copy with `changes` applied (the object itself is frozen)."""
-            return dataclasses.replace(self, **changes)
-
-        def __post_init__(self: Any, _orig=getattr(cls, "__post_init__", None)) -> None:
-            for name in static:
-                if isinstance(getattr(self, name), torch.Tensor):
-                    warnings.warn(
-                        f"{cls.__name__}.{name} is a static field but holds a tensor; it will be "
-                        f"baked into compiled graphs as a constant. Declare it without "
-                        f"`static=True` to make it a leaf.",
-                        stacklevel=3,
-                    )
-            if _orig is not None:
-                _orig(self)
-
         if not hasattr(cls, "replace"):
-            cls.replace = replace
-        cls.__post_init__ = __post_init__
+            cls.replace = _replace
         return cls
 
     return wrap if cls is None else wrap(cls)

@@ -9,8 +9,8 @@ same backend). `torch.Generator` and the global RNG are never touched, so a step
 key from the train state is a pure function of its inputs and a resumed run is bit-identical.
 
 The mixer is splitmix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
-OOPSLA 2014) over wrapping int64 arithmetic; logical right shifts are emulated with masks because
-torch's `>>` on int64 is arithmetic. Counters are added to the key *before* any multiplication:
+OOPSLA 2014) over wrapping int64 arithmetic; logical right shifts are emulated (see `_srl`) because torch's
+`>>` on a negative int64 is arithmetic on CPU and a rounding division on torch_xla. Counters are added to the key *before* any multiplication:
 torch 2.9's CPU Inductor miscompiles `arange(n, dtype=int64) * <64-bit constant>` (it folds the
 product into an index expression that overflows), giving wrong values and heap corruption for
 sizes that are not a multiple of the vector width.
@@ -61,9 +61,18 @@ _SPLIT_SALT = _s64(0xD1B54A32D192ED03)
 _FOLD_SALT = _s64(0x8CB92BA72F3D8DD7)
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
 def _srl(x: Tensor, s: int) -> Tensor:
-    """Logical right shift of int64 by `s` bits."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
+    """Logical right shift of int64 by `s` bits.
+
+    Only non-negative values are ever shifted right: torch_xla lowers `>>` on a negative int64 as
+    a division rounding toward zero, CPU as an arithmetic shift. The sign bit is moved by hand.
+    """
+    low = (x & _INT64_MAX) >> s
+    high = (x < 0).to(torch.int64) << (63 - s)
+    return low | high
 
 
 def _mix(z: Tensor) -> Tensor:

@@ -49,7 +49,10 @@ class TrainState:
         step: 0-d int64 tensor, the number of updates applied so far.
         params: the model parameters (pytree of tensors).
         opt_state: the optimizer state, from `tx.init(params)`.
-        key: 0-d int64 RNG key; the step derives per-step randomness with `fold_in(key, step)`.
+        key: 0-d int64 RNG key; the step derives per-step randomness with `fold_in(key, step)`,
+            so the key itself never changes and a resumed run draws the same numbers.
+        skipped_steps: 0-d int64 tensor, how many steps were skipped for a non-finite loss or
+            gradient (those steps advance `step` but leave params and opt_state untouched).
         tx: the gradient transformation (static: not a leaf).
     """
 
@@ -57,6 +60,7 @@ class TrainState:
     params: Params
     opt_state: OptState
     key: Key
+    skipped_steps: Tensor
     tx: Any = pytree.field(static=True, default=None)
 
     @classmethod
@@ -75,8 +79,10 @@ class TrainState:
         device = leaves[0].device if leaves else None
         if key is None:
             key = make_key(0, device=device)
+        zero = torch.zeros((), dtype=torch.int64, device=device)
         return cls(
-            step=torch.zeros((), dtype=torch.int64, device=device),
+            step=zero,
+            skipped_steps=zero.clone(),
             params=params,
             opt_state=tx.init(params),
             key=key,

@@ -1,0 +1,58 @@
+"""The layering rule: core imports nothing else from ember; optim, data, models import only core;
+nothing imports launch. Fails with file:line for each offending import."""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ALLOWED = {
+    "core": {"core"},
+    "optim": {"core", "optim"},
+    "data": {"core", "data"},
+    "models": {"core", "models"},
+}
+
+
+def _ember_imports(path: pathlib.Path, package: str):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    rel_parts = path.relative_to(ROOT).parts
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "ember" and len(parts) > 1:
+                    yield node.lineno, parts[1]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0 and node.module and node.module.split(".")[0] == "ember":
+                parts = node.module.split(".")
+                targets = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+                for t in targets:
+                    yield node.lineno, t
+            elif node.level > 0:
+                base = list(rel_parts[:-1])
+                up = node.level - 1
+                if up > len(base):
+                    continue
+                base = base[: len(base) - up] if up else base
+                mod = base + (node.module.split(".") if node.module else [])
+                if mod:
+                    yield node.lineno, mod[0]
+                else:  # `from .. import x` at the package root
+                    for a in node.names:
+                        yield node.lineno, a.name
+
+
+def test_layering():
+    bad = []
+    for package, allowed in ALLOWED.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for lineno, target in _ember_imports(path, package):
+                if target in {"core", "optim", "data", "models", "launch"} and target not in allowed:
+                    bad.append(f"{path.relative_to(ROOT)}:{lineno} imports ember.{target}")
+    for path in sorted(ROOT.rglob("*.py")):
+        if ".venv" in path.parts or path.parts[len(ROOT.parts)] in {"launch", "tests"}:
+            continue
+        for lineno, target in _ember_imports(path, ""):
+            if target == "launch":
+                bad.append(f"{path.relative_to(ROOT)}:{lineno} imports ember.launch")
+    assert not bad, "layering violations (core <- optim/data/models <- launch):\n" + "\n".join(bad)
