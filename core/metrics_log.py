@@ -1,0 +1,113 @@
+"""Writing metrics: one JSON object per logged step, TensorBoard events, and a loss plot.
+
+Public names: `MetricsWriter`, `read_metrics`, `plot_losses`.
+
+Steps return metrics as 0-d device tensors; the writer is the one place they cross to the host,
+all at once per logged step (`torch.stack(...).tolist()`), so a step never syncs.
+
+Example:
+    >>> import tempfile, torch
+    >>> d = tempfile.mkdtemp()
+    >>> with MetricsWriter(d, tensorboard=False) as w:
+    ...     _ = w.write(0, {"loss": torch.tensor(2.5)})
+    >>> read_metrics(d)
+    [{'step': 0, 'loss': 2.5}]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+
+__all__ = ["MetricsWriter", "plot_losses", "read_metrics"]
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _to_host(metrics: Mapping[str, Any]) -> Dict[str, float]:
+    names = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
+    if names:
+        stacked = torch.stack([metrics[k].detach().float().reshape(()).cpu() for k in names])
+        out.update(zip(names, stacked.tolist()))  # host sync: the one per logged step
+    return out
+
+
+class MetricsWriter:
+    """Appends metrics to `<out>/metrics.jsonl` and TensorBoard; without `out`, keeps them in memory.
+
+    Args:
+        out: the run directory, or None to only keep `history`.
+        tensorboard: also write TensorBoard event files under `out`.
+    """
+
+    def __init__(self, out: Optional[str | os.PathLike], *, tensorboard: bool = True) -> None:
+        self.out = None if out is None else os.fspath(out)
+        self.history: List[Dict[str, float]] = []
+        self._file = None
+        self._tb = None
+        if self.out is not None:
+            os.makedirs(self.out, exist_ok=True)
+            self._file = open(os.path.join(self.out, METRICS_FILE), "a", buffering=1)
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=self.out)
+
+    def write(self, step: int, metrics: Mapping[str, Any], *, prefix: str = "") -> Dict[str, float]:
+        """Log `metrics` (0-d tensors or numbers) at `step`; `prefix` names a split ("eval_")."""
+        row = {"step": int(step), **{prefix + k: v for k, v in _to_host(metrics).items()}}
+        self.history.append(row)
+        if self._file is not None:
+            self._file.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step" and math.isfinite(v):
+                    self._tb.add_scalar(k, v, global_step=row["step"])
+        return row
+
+    def close(self) -> None:
+        """Flush and close the files (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_metrics(out: str | os.PathLike) -> List[Dict[str, float]]:
+    """The rows of `<out>/metrics.jsonl`."""
+    with open(os.path.join(os.fspath(out), METRICS_FILE)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_losses(rows: List[Mapping[str, float]], path: str | os.PathLike) -> None:
+    """Write a PNG of `loss` and `eval_loss` against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, style in (("loss", "-"), ("eval_loss", "o-")):
+        pts = [(r["step"], r[name]) for r in rows if name in r]
+        if pts:
+            ax.plot(*zip(*pts), style, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=110)
+    plt.close(fig)

@@ -1,0 +1,117 @@
+"""The outer training loop: feed batches to a pure step, log, evaluate, report throughput.
+
+Public names: `train_loop`, `evaluate`.
+
+The loop is model- and data-agnostic: it takes a compiled step, a state, and an iterator of
+batches. Metrics stay on the device between logs; the only host syncs are at log and eval time.
+
+Example:
+    >>> import torch
+    >>> from ember.core import TrainState, metrics_log
+    >>> class Halve:  # a minimal gradient transformation
+    ...     init = staticmethod(lambda p: {})
+    ...     update = staticmethod(lambda g, s, p=None: ({k: -0.5 * v for k, v in g.items()}, s))
+    >>> def step(state, batch):
+    ...     grads = {"w": state.params["w"] - batch}
+    ...     return state.apply_gradients(grads=grads), {"loss": (state.params["w"] - batch).pow(2).sum()}
+    >>> state = TrainState.create(params={"w": torch.zeros(())}, tx=Halve())
+    >>> writer = metrics_log.MetricsWriter(None)
+    >>> state = train_loop(step, state, iter([torch.tensor(1.0)] * 4), steps=4, writer=writer,
+    ...                    log_every=2, progress=False)
+    >>> [r["step"] for r in writer.history], round(float(state.params["w"]), 4)
+    ([2, 4], 0.9375)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+
+import torch
+
+from ..metrics_log import MetricsWriter
+from ..types import Batch, Metrics, PyTree
+
+__all__ = ["evaluate", "train_loop"]
+
+Step = Callable[[PyTree, Batch], "tuple[PyTree, Metrics]"]
+
+
+def evaluate(eval_fn: Callable[[PyTree, Batch], Metrics], params: PyTree, batches: Iterable[Batch]) -> Metrics:
+    """Mean of `eval_fn(params, batch)` metrics over `batches` (0-d tensors, still on device)."""
+    totals: dict = {}
+    n = 0
+    for batch in batches:
+        for k, v in eval_fn(params, batch).items():
+            totals[k] = totals[k] + v.float() if k in totals else v.float()
+        n += 1
+    if n == 0:
+        raise ValueError("evaluate() got no batches: the eval split is empty or eval_batches is 0.")
+    return {k: v / n for k, v in totals.items()}
+
+
+def train_loop(
+    step: Step,
+    state: PyTree,
+    batches: Iterator[Batch],
+    *,
+    steps: int,
+    writer: MetricsWriter,
+    log_every: int = 10,
+    eval_every: int = 0,
+    eval_fn: Optional[Callable[[PyTree], Metrics]] = None,
+    on_step_end: Optional[Callable[[int, PyTree], None]] = None,
+    tokens_per_step: int = 0,
+    progress: bool = True,
+) -> PyTree:
+    """Run `step` until `state.step == steps`, logging every `log_every` steps.
+
+    Args:
+        step: the (compiled) pure step `(state, batch) -> (state, metrics)`.
+        state: the starting state; a resumed state starts from its own `step`.
+        batches: an iterator of batches, already positioned for `state.step`.
+        steps: the total number of steps of the run (not the number still to do).
+        writer: where metrics go (`MetricsWriter`).
+        log_every: steps between logs; the last step is always logged.
+        eval_every: steps between calls of `eval_fn(state)` (0: only at the end, if given).
+        eval_fn: `state -> metrics`, logged with the prefix `eval_`.
+        on_step_end: called as `on_step_end(step_number, state)` after every step (checkpoints).
+        tokens_per_step: tokens in one batch, for the tokens/s figure.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        The final state.
+    """
+    start = int(state.step)  # host sync: once, before the loop
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True)
+    last_time, last_step = time.perf_counter(), start
+    metrics: Mapping[str, Any] = {}
+    for i in range(start + 1, steps + 1):
+        try:
+            batch = next(batches)
+        except StopIteration:
+            raise ValueError(
+                f"the batch iterator ran out before step {i} of {steps}; make the data repeat over "
+                f"epochs or lower `steps`."
+            ) from None
+        state, metrics = step(state, batch)
+        if i % log_every == 0 or i == steps:
+            row = writer.write(i, metrics)
+            now = time.perf_counter()
+            tok_s = tokens_per_step * (i - last_step) / max(now - last_time, 1e-9)
+            last_time, last_step = now, i
+            if bar is not None:
+                bar.set_postfix(loss=f"{row.get('loss', float('nan')):.4f}", tok_s=f"{tok_s:,.0f}")
+        if eval_fn is not None and ((eval_every and i % eval_every == 0) or i == steps):
+            writer.write(i, eval_fn(state), prefix="eval_")
+        if on_step_end is not None:
+            on_step_end(i, state)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return state
