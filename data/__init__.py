@@ -1,1 +1,83 @@
-"""ember.data."""
+"""ember.data: corpora, tokenizers and resumable, sharded grain pipelines.
+
+Sources: `stdlib_corpus` (the embedded default corpus: the running interpreter's stdlib `.py`
+files), `text_files`, `load_token_bin` / `write_token_bin` (nanoGPT `.bin`), `hf_text_from_disk`
+(Hugging Face datasets saved on disk), and `load_source` (any of these from one string).
+Tokenizers: `ByteTokenizer`, `train_bpe` / `BPETokenizer`. Pipeline: `make_pipeline` (or
+`tokenize_documents` -> `TokenWindows` -> `window_batches` -> `PipelineIterator`), `prefetch`,
+and collators (`to_torch`, `@collator`, `get_collator`).
+"""
+
+from .bpe import BPETokenizer as BPETokenizer
+from .bpe import train_bpe as train_bpe
+from .collate import Collator as Collator
+from .collate import available_collators as available_collators
+from .collate import collator as collator
+from .collate import get_collator as get_collator
+from .collate import identity_collate as identity_collate
+from .collate import to_torch as to_torch
+from .hf_disk import HFTextColumn as HFTextColumn
+from .hf_disk import hf_text_from_disk as hf_text_from_disk
+from .iterator import PipelineIterator as PipelineIterator
+from .iterator import ensure_absl_flags_parsed as ensure_absl_flags_parsed
+from .pipeline import GatherWindows as GatherWindows
+from .pipeline import make_pipeline as make_pipeline
+from .pipeline import shard_window_ids as shard_window_ids
+from .pipeline import window_batches as window_batches
+from .prefetch import Prefetcher as Prefetcher
+from .prefetch import prefetch as prefetch
+from .sources import load_source as load_source
+from .splits import split_of as split_of
+from .stdlib_corpus import stdlib_corpus as stdlib_corpus
+from .stdlib_corpus import stdlib_root as stdlib_root
+from .text_files import TextFiles as TextFiles
+from .text_files import text_files as text_files
+from .token_bin import TokenBin as TokenBin
+from .token_bin import load_token_bin as load_token_bin
+from .token_bin import token_dtype as token_dtype
+from .token_bin import write_token_bin as write_token_bin
+from .token_stream import iter_document_tokens as iter_document_tokens
+from .token_stream import tokenize_documents as tokenize_documents
+from .tokenizers import ByteTokenizer as ByteTokenizer
+from .tokenizers import Tokenizer as Tokenizer
+from .windows import TokenWindows as TokenWindows
+from .windows import num_windows as num_windows
+from .windows import split_inputs_targets as split_inputs_targets
+
+__all__ = [
+    "BPETokenizer",
+    "ByteTokenizer",
+    "Collator",
+    "GatherWindows",
+    "HFTextColumn",
+    "PipelineIterator",
+    "Prefetcher",
+    "TextFiles",
+    "TokenBin",
+    "TokenWindows",
+    "Tokenizer",
+    "available_collators",
+    "collator",
+    "ensure_absl_flags_parsed",
+    "get_collator",
+    "hf_text_from_disk",
+    "identity_collate",
+    "iter_document_tokens",
+    "load_source",
+    "load_token_bin",
+    "make_pipeline",
+    "num_windows",
+    "prefetch",
+    "shard_window_ids",
+    "split_inputs_targets",
+    "split_of",
+    "stdlib_corpus",
+    "stdlib_root",
+    "text_files",
+    "to_torch",
+    "token_dtype",
+    "tokenize_documents",
+    "train_bpe",
+    "window_batches",
+    "write_token_bin",
+]

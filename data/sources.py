@@ -1,0 +1,77 @@
+"""Opens a data source from one string, as a config file or command line would name it.
+
+Public names:
+    load_source: `"stdlib"` -> `stdlib_corpus`, `*.bin` -> `load_token_bin`, a directory written by
+        `datasets.save_to_disk` -> `hf_text_from_disk`, any other file / directory / glob ->
+        `text_files`.
+
+The loaders themselves live in `stdlib_corpus.py`, `token_bin.py`, `hf_disk.py` and
+`text_files.py`; call them directly for their full options.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .hf_disk import hf_text_from_disk
+from .splits import Split
+from .stdlib_corpus import stdlib_corpus
+from .text_files import text_files
+from .token_bin import BinDtype, load_token_bin
+
+__all__ = ["load_source"]
+
+# Files `save_to_disk` writes: a Dataset has state.json + dataset_info.json, a DatasetDict has dataset_dict.json.
+_HF_MARKERS = ("dataset_dict.json", "state.json")
+
+
+def load_source(
+    spec: str | os.PathLike,
+    *,
+    split: Split = "train",
+    max_bytes: int | None = None,
+    bin_dtype: BinDtype = "uint16",
+    field: str = "text",
+    pattern: str = "**/*.txt",
+) -> Sequence[str] | Any:
+    """Opens the data source named by `spec`.
+
+    Args:
+        spec: `"stdlib"` (the embedded default corpus), a `.bin` token file, a Hugging Face
+            dataset directory, or a text file / directory / glob.
+        split: for "stdlib": "train", "eval" or "all"; for a Hugging Face `DatasetDict`: the split
+            name ("all" is not valid there).
+        max_bytes: for "stdlib": cap on the corpus size.
+        bin_dtype: for `.bin` files: "uint16" or "uint32".
+        field: for Hugging Face datasets: the text column.
+        pattern: for a directory of text files: the glob inside it.
+
+    Returns:
+        Documents (`TextFiles`, `HFTextColumn`) or tokens (`TokenBin`), ready for `make_pipeline`.
+
+    Raises:
+        FileNotFoundError: if the path does not exist (the message lists what `spec` may be).
+
+    Example:
+        >>> docs = load_source("stdlib", max_bytes=10_000)
+        >>> len(docs) > 0
+        True
+    """
+    s = os.fspath(spec)
+    if s == "stdlib":
+        return stdlib_corpus(split=split, max_bytes=max_bytes)
+    p = Path(s)
+    if p.suffix == ".bin" and not p.is_dir():
+        return load_token_bin(p, dtype=bin_dtype)
+    if p.is_dir() and any((p / m).is_file() for m in _HF_MARKERS):
+        return hf_text_from_disk(p, split=None if (p / "state.json").is_file() else split, field=field)
+    if p.exists() or _glob.has_magic(s):
+        return text_files(p, pattern=pattern)
+    raise FileNotFoundError(
+        f"data source {s!r} does not exist; expected 'stdlib', a .bin token file, a directory written "
+        f"by datasets' save_to_disk, or a text file / directory / glob."
+    )
