@@ -1,6 +1,6 @@
 """A small named registry that fails loudly: duplicates raise, unknown names list the close ones.
 
-Public names: `Registry`.
+Public names: `Registry`, `UnknownNameError`.
 
 Every ember registry (model families and architectures, run configs, collators) is one of these,
 so a user's package extends ember by decorating its own objects and `--import`ing itself.
@@ -23,13 +23,14 @@ from __future__ import annotations
 import difflib
 from typing import Callable, Dict, Generic, Iterator, List, TypeVar
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "UnknownNameError"]
 
 T = TypeVar("T")
 
 
-class _KeyError(KeyError):
-    """A KeyError whose message prints without the extra quoting KeyError adds."""
+class UnknownNameError(KeyError, ValueError):
+    """An unknown registry name: a KeyError (a failed look-up) and a ValueError (a bad value),
+    printed without the extra quoting KeyError adds."""
 
     def __str__(self) -> str:
         return str(self.args[0])
@@ -73,7 +74,7 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            raise _KeyError(self.unknown_message(name)) from None
+            raise UnknownNameError(self.unknown_message(name)) from None
 
     def unknown_message(self, name: str) -> str:
         """The error text for an unknown `name` (close matches, known names, how to register)."""

@@ -13,12 +13,13 @@ Public names:
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
+
+from ..core.registry import Registry
 
 __all__ = ["Collator", "available_collators", "collator", "get_collator", "identity_collate", "to_torch"]
 
@@ -29,7 +30,9 @@ class Collator(Protocol):
     def __call__(self, batch: Mapping[str, Any], *, device: torch.device | str | None = None) -> Any: ...
 
 
-_COLLATORS: dict[str, Collator] = {}
+_COLLATORS: Registry[Collator] = Registry(
+    "collator", hint="Register one with @ember.data.collator(name) in a module you --import."
+)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -50,48 +53,26 @@ def collator(name: str) -> Callable[[_F], _F]:
         ... def ids_only(batch, *, device=None):
         ...     return to_torch({"inputs": batch["inputs"]}, device=device)
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"collator name must be a non-empty str, got {name!r}.")
-
-    def register(fn: _F) -> _F:
-        if name in _COLLATORS:
-            old = _COLLATORS[name]
-            raise ValueError(
-                f"collator {name!r} is already registered (by {getattr(old, '__module__', '?')}."
-                f"{getattr(old, '__qualname__', old)!s}); pick another name. Known: {available_collators()}."
-            )
-        _COLLATORS[name] = fn
-        return fn
-
-    return register
+    return _COLLATORS.register(name)
 
 
 def available_collators() -> list[str]:
     """Returns the registered collator names, sorted."""
-    return sorted(_COLLATORS)
+    return _COLLATORS.names()
 
 
 def get_collator(name: str) -> Collator:
     """Returns the collator registered under `name`.
 
-    Args:
-        name: a registered name.
-
-    Returns:
-        The collator function.
-
     Raises:
-        ValueError: for an unknown name; the message lists the known names and the closest match.
+        ValueError: for an unknown name (also a KeyError); the message lists the closest match
+            and the known names.
 
     Example:
         >>> get_collator("torch") is to_torch
         True
     """
-    if name not in _COLLATORS:
-        close = difflib.get_close_matches(str(name), list(_COLLATORS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown collator {name!r}; known collators: {available_collators()}.{hint}")
-    return _COLLATORS[name]
+    return _COLLATORS.get(name)
 
 
 def _leaf_to_torch(x: Any, *, key: str, dtype: torch.dtype | None, pin: bool) -> Any:
