@@ -1,0 +1,24 @@
+"""Tests for ember.core.metrics_log."""
+
+import torch
+
+from ember.core.metrics_log import MetricsWriter, plot_losses, read_metrics
+
+
+def test_jsonl_tensorboard_and_plot(tmp_out):
+    with MetricsWriter(tmp_out) as w:
+        w.write(1, {"loss": torch.tensor(3.0), "lr": torch.tensor(0.1)})
+        w.write(2, {"loss": torch.tensor(2.0)})
+        w.write(2, {"loss": torch.tensor(2.5)}, prefix="eval_")
+    rows = read_metrics(tmp_out)
+    assert rows == [{"step": 1, "loss": 3.0, "lr": 0.10000000149011612}, {"step": 2, "loss": 2.0},
+                    {"step": 2, "eval_loss": 2.5}]
+    assert any(p.name.startswith("events.out.tfevents") for p in tmp_out.iterdir())
+    plot_losses(rows, tmp_out / "loss.png")
+    assert (tmp_out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_nan_is_logged_not_dropped(tmp_out):
+    with MetricsWriter(tmp_out) as w:
+        row = w.write(3, {"loss": torch.tensor(float("nan"))})
+    assert row["loss"] != row["loss"]
