@@ -1,1 +1,57 @@
-"""ember.models."""
+"""ember.models: the layer DSL, the GPT-2 and Llama-3 families, and the architecture registry.
+
+Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `Attention`, ...), `GPT2`,
+`GPT2Config`, `Llama3`, `Llama3Config`, `ModelRegistry`, `register_family`, `family`, `arch`,
+`get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
+`estimate_memory`, `MemoryEstimate`.
+
+Importing this package registers the built-in families (`gpt2`, `llama3`) and their architectures.
+
+Example:
+    >>> import torch
+    >>> from ember.core import random
+    >>> from ember.models import build_model, count_params
+    >>> model = build_model("llama3", "tiny")
+    >>> params = model.init(random.key(0))
+    >>> logits = model.apply(params, torch.zeros(2, 8, dtype=torch.long))
+    >>> logits.shape, logits.dtype, count_params(model) == count_params(params)
+    (torch.Size([2, 8, 256]), torch.float32, True)
+"""
+
+from . import layers as layers
+from .gpt2 import GPT2 as GPT2
+from .gpt2 import GPT2Config as GPT2Config
+from .llama3 import Llama3 as Llama3
+from .llama3 import Llama3Config as Llama3Config
+from .registry import ModelRegistry as ModelRegistry
+from .registry import arch as arch
+from .registry import build_model as build_model
+from .registry import family as family
+from .registry import get_config as get_config
+from .registry import list_archs as list_archs
+from .registry import list_families as list_families
+from .registry import register_family as register_family
+from .registry import replace_config as replace_config
+from .summary import MemoryEstimate as MemoryEstimate
+from .summary import count_params as count_params
+from .summary import estimate_memory as estimate_memory
+
+__all__ = [
+    "GPT2",
+    "GPT2Config",
+    "Llama3",
+    "Llama3Config",
+    "MemoryEstimate",
+    "ModelRegistry",
+    "arch",
+    "build_model",
+    "count_params",
+    "estimate_memory",
+    "family",
+    "get_config",
+    "layers",
+    "list_archs",
+    "list_families",
+    "register_family",
+    "replace_config",
+]

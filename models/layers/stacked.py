@@ -1,0 +1,144 @@
+"""Repeated layers: `Sequential` (unrolled, a list of params) and `Stacked` (one stacked tree, scanned).
+
+Public names: `Sequential`, `Stacked`.
+
+Both give layer `i` the same init key (derived from the path `"<prefix>.<i>.<param>"`) and the
+same apply key (`split(key, n)[i]`), so for the same weights the two forms compute the same thing:
+
+    Sequential.repeat(block, 4).init(k)       -> [tree_0, tree_1, tree_2, tree_3]   ("blocks.2.attn.wq.weight")
+    Stacked(block, 4).init(k)                 -> tree with a leading (4,) dim on every leaf ("blocks.attn.wq.weight")
+    stack_trees(Sequential form) == Stacked form, bit for bit
+
+`Stacked` runs its layers with `ember.core.transforms.scan` over the leading "layers" dimension
+(its axes get a leading `"layers"` name, so the rules can shard or replicate it), and
+`remat=True` wraps each layer in `ember.core.transforms.remat` (activation checkpointing: the
+backward pass recomputes a layer's activations from its input instead of storing them).
+
+Example:
+    >>> import torch
+    >>> from ember.core import random
+    >>> from ember.models.layers import Linear, Stacked
+    >>> stack = Stacked(Linear(4, 4, in_axis="embed", out_axis="embed"), num_layers=3)
+    >>> stack.axes["weight"]
+    ('layers', 'embed', 'embed')
+    >>> stack.apply(stack.init(random.key(0)), torch.ones(2, 4)).shape
+    torch.Size([2, 4])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Tuple
+
+from torch import Tensor
+
+from ...core import pytree, random
+from ...core.transforms import remat as _remat
+from ...core.transforms import scan as _scan
+from ...core.transforms import stack_trees
+from ...core.types import Key, Params, PyTree
+from .module import Module
+
+__all__ = ["Sequential", "Stacked"]
+
+
+def _layer_keys(key: Optional[Key], n: int) -> Optional[Tensor]:
+    return None if key is None else random.split(key, n)  # (n,) int64
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequential(Module):
+    """Layers applied one after the other; params are a list (paths `"<prefix>.<i>.<...>"`).
+
+    Attributes:
+        layers: the layers, each `(x, **kwargs) -> x` of the same shape.
+        remat: recompute each layer's activations in the backward pass.
+    """
+
+    layers: Tuple[Module, ...]
+    remat: bool = False
+
+    @classmethod
+    def repeat(cls, layer: Module, num_layers: int, *, remat: bool = False) -> "Sequential":
+        """`num_layers` copies of `layer` (each with its own parameters)."""
+        return cls(tuple([layer] * num_layers), remat=remat)
+
+    def validate(self) -> None:
+        if not isinstance(self.layers, tuple) or not all(isinstance(m, Module) for m in self.layers):
+            raise TypeError("Sequential.layers must be a tuple of Modules.")
+
+    def declare(self):
+        return {str(i): layer for i, layer in enumerate(self.layers)}
+
+    def param_specs(self) -> PyTree:
+        """A list with one declaration tree per layer (`{}` for a layer without parameters)."""
+        return [layer.param_specs() for layer in self.layers]
+
+    def init_at(self, key: Key, path: str) -> Params:
+        """Layer `i` is initialised at path `"<path>.<i>"`."""
+        return [layer.init_at(key, f"{path}.{i}" if path else str(i)) for i, layer in enumerate(self.layers)]
+
+    def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
+        """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
+        keys = _layer_keys(key, len(self.layers))
+        for i, layer in enumerate(self.layers):
+            k = None if keys is None else keys[i]
+            fn = _remat(layer.apply) if self.remat else layer.apply
+            x = fn(params[i] if layer.has_params else {}, x, key=k, **kwargs)
+        return x
+
+
+@dataclasses.dataclass(frozen=True)
+class Stacked(Module):
+    """`num_layers` copies of `layer` whose params are stacked along a leading "layers" dimension.
+
+    Attributes:
+        layer: the repeated layer, `(x, **kwargs) -> x` of the same shape.
+        num_layers: how many copies.
+        remat: recompute each layer's activations in the backward pass.
+    """
+
+    layer: Module
+    num_layers: int
+    remat: bool = False
+
+    def validate(self) -> None:
+        if not isinstance(self.layer, Module):
+            raise TypeError(f"Stacked.layer must be a Module, got {type(self.layer).__name__}.")
+        if not isinstance(self.num_layers, int) or self.num_layers <= 0:
+            raise ValueError(f"Stacked.num_layers must be a positive int, got {self.num_layers!r}.")
+
+    def declare(self):
+        return {"layer": self.layer}
+
+    def param_specs(self) -> PyTree:
+        """The layer's declarations with a leading `num_layers` dim and a leading "layers" axis name.
+
+        These stacked declarations describe shapes and axes; `init` still initialises layer by
+        layer with the per-layer initializers.
+        """
+        return pytree.tree_map(lambda p: p.stacked(self.num_layers), self.layer.param_specs())
+
+    def init_at(self, key: Key, path: str) -> Params:
+        """Layer `i` is initialised at path `"<path>.<i>"` (as in `Sequential`), then stacked."""
+        per_layer = [self.layer.init_at(key, f"{path}.{i}" if path else str(i)) for i in range(self.num_layers)]
+        return stack_trees(per_layer, what=f"{path or 'Stacked'} layers")  # leaves: (L, ...)
+
+    def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
+        """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
+        fn = _remat(self.layer.apply) if self.remat else self.layer.apply
+        keys = _layer_keys(key, self.num_layers)
+        if keys is None:
+
+            def body(carry: Tensor, layer_params: Params) -> Tuple[Tensor, None]:
+                return fn(layer_params, carry, key=None, **kwargs), None
+
+            out, _ = _scan(body, x, params, length=self.num_layers)
+        else:
+
+            def body(carry: Tensor, xs: Tuple[Params, Tensor]) -> Tuple[Tensor, None]:
+                layer_params, layer_key = xs
+                return fn(layer_params, carry, key=layer_key, **kwargs), None
+
+            out, _ = _scan(body, x, (params, keys), length=self.num_layers)
+        return out

@@ -1,0 +1,95 @@
+"""Model size arithmetic from declared shapes (nothing is allocated).
+
+Public names: `count_params`, `estimate_memory`, `MemoryEstimate`.
+
+Example:
+    >>> from ember.models import build_model, count_params, estimate_memory
+    >>> model = build_model("llama3", "8b")          # never allocated
+    >>> round(count_params(model) / 1e9, 2)
+    8.03
+    >>> print(estimate_memory(model))                # fp32 params + grads + 2 Adam moments
+    params 29.92 GiB + grads 29.92 GiB + optimizer 59.83 GiB = 119.66 GiB
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+
+from ..core import pytree
+
+__all__ = ["MemoryEstimate", "count_params", "estimate_memory"]
+
+_GIB = 1024**3
+
+
+def _shape_leaves(model_or_tree: Any) -> list:
+    tree = model_or_tree.param_shapes() if hasattr(model_or_tree, "param_shapes") else model_or_tree
+    leaves = pytree.tree_leaves(tree)
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError(
+                f"count_params expects a model (with param_shapes()) or a pytree of tensors, found a "
+                f"{type(leaf).__name__} leaf."
+            )
+    return leaves
+
+
+def count_params(model_or_params: Any) -> int:
+    """Total number of parameter elements of a model (from its declared shapes) or of a params tree.
+
+    Args:
+        model_or_params: an object with `param_shapes()` (any ember model), or a pytree of tensors
+            (real or meta).
+
+    Returns:
+        The element count (tied weights counted once, as they are one tensor).
+
+    Raises:
+        TypeError: a leaf is not a tensor.
+    """
+    return sum(math.prod(t.shape) for t in _shape_leaves(model_or_params))
+
+
+class MemoryEstimate(NamedTuple):
+    """Bytes of training state: parameters, gradients and optimizer slots (activations excluded)."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        """params + grads + optimizer, in bytes."""
+        return self.params + self.grads + self.optimizer
+
+    def __str__(self) -> str:
+        g = lambda b: f"{b / _GIB:.2f} GiB"  # noqa: E731
+        return (
+            f"params {g(self.params)} + grads {g(self.grads)} + optimizer {g(self.optimizer)} "
+            f"= {g(self.total)}"
+        )
+
+
+def estimate_memory(model_or_params: Any, *, optimizer_slots: int = 2, dtype_bytes: int = 4) -> MemoryEstimate:
+    """Training-state memory: params, one gradient per param, `optimizer_slots` tensors per param.
+
+    Args:
+        model_or_params: a model or a pytree of tensors (see `count_params`).
+        optimizer_slots: state tensors per parameter (AdamW: 2, SGD with momentum: 1, Lion: 1).
+        dtype_bytes: bytes per element of each of these (4 for float32, 2 for bfloat16).
+
+    Returns:
+        A `MemoryEstimate` (bytes); activations and temporaries are not included.
+
+    Raises:
+        ValueError: negative `optimizer_slots` or non-positive `dtype_bytes`.
+    """
+    if optimizer_slots < 0:
+        raise ValueError(f"optimizer_slots must be >= 0, got {optimizer_slots}.")
+    if dtype_bytes <= 0:
+        raise ValueError(f"dtype_bytes must be positive, got {dtype_bytes}.")
+    n = count_params(model_or_params)
+    return MemoryEstimate(params=n * dtype_bytes, grads=n * dtype_bytes, optimizer=n * dtype_bytes * optimizer_slots)
