@@ -143,14 +143,19 @@ def uniform(
 
 
 def normal(k: Key, shape: Sequence[int] = (), *, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Standard normal samples by inverse-CDF: `sqrt(2) * erfinv(2u - 1)`, u in the open (0, 1)."""
+    """Standard normal samples by inverse-CDF: `sqrt(2) * erfinv(2u - 1)`, u in the open (0, 1).
+
+    `u = (m + 0.5) / 2**p` with p = 23 (52 for float64) random bits, so `u` stays strictly inside
+    (0, 1) after rounding: with p = 24 the top value rounds to 1.0 in float32 and gives inf.
+    """
     b = bits(k, shape)
-    work = torch.float64 if dtype == torch.float64 else torch.float32
-    if work == torch.float64:
-        u = (_srl(b, 11).to(work) + 0.5) * (2.0**-53)
+    if dtype == torch.float64:
+        u = (_srl(b, 12).to(torch.float64) + 0.5) * (2.0**-52)
+        work = torch.float64
     else:
-        u = (_srl(b, 40).to(work) + 0.5) * (2.0**-24)
-    return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(dtype)
+        u = (_srl(b, 41).to(torch.float32) + 0.5) * (2.0**-23)
+        work = torch.float32
+    return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(work).to(dtype)
 
 
 def bernoulli(k: Key, p: Union[float, Tensor], shape: Sequence[int] = ()) -> Tensor:
