@@ -51,7 +51,7 @@ class OptimConfig:
     schedule: Literal["constant", "cosine", "warmup_cosine"] = "warmup_cosine"
     """Learning-rate schedule over `TrainConfig.steps`."""
     warmup_steps: int = 20
-    """Linear warm-up steps (warmup_cosine only)."""
+    """Linear warm-up steps (warmup_cosine only), capped at a tenth of the run."""
     end_lr_ratio: float = 0.1
     """Final learning rate as a fraction of the peak (cosine schedules)."""
     weight_decay: float = 0.1
@@ -119,8 +119,6 @@ class TrainConfig:
     """Steps between evaluations (and at the end)."""
     eval_batches: int = 8
     """Batches per evaluation."""
-    checkpoint_every: int = 0
-    """Steps between checkpoints (0: only at the end when --out is set)."""
     sample_tokens: int = 200
     """Tokens generated at the end of training (0 disables)."""
     sample_prompt: str = "def "

@@ -43,16 +43,17 @@ class MetricsWriter:
     Args:
         out: the run directory, or None to only keep `history`.
         tensorboard: also write TensorBoard event files under `out`.
+        append: keep the rows already in `metrics.jsonl` (a resumed run); otherwise start it afresh.
     """
 
-    def __init__(self, out: Optional[str | os.PathLike], *, tensorboard: bool = True) -> None:
+    def __init__(self, out: Optional[str | os.PathLike], *, tensorboard: bool = True, append: bool = False) -> None:
         self.out = None if out is None else os.fspath(out)
         self.history: List[Dict[str, float]] = []
         self._file = None
         self._tb = None
         if self.out is not None:
             os.makedirs(self.out, exist_ok=True)
-            self._file = open(os.path.join(self.out, METRICS_FILE), "a", buffering=1)
+            self._file = open(os.path.join(self.out, METRICS_FILE), "a" if append else "w", buffering=1)
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 

@@ -16,9 +16,9 @@ from .collate import collator as collator
 from .collate import get_collator as get_collator
 from .collate import identity_collate as identity_collate
 from .collate import to_torch as to_torch
-from .from_config import TorchBatches as TorchBatches
-from .from_config import build_batches as build_batches
-from .from_config import build_tokenizer as build_tokenizer
+from .config import TorchBatches as TorchBatches
+from .config import build_batches as build_batches
+from .config import build_tokenizer as build_tokenizer
 from .hf_disk import HFTextColumn as HFTextColumn
 from .hf_disk import hf_text_from_disk as hf_text_from_disk
 from .iterator import PipelineIterator as PipelineIterator

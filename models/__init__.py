@@ -3,7 +3,7 @@
 Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `Attention`, ...), `GPT2`,
 `GPT2Config`, `Llama3`, `Llama3Config`, `ModelRegistry`, `register_family`, `family`, `arch`,
 `get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
-`estimate_memory`, `MemoryEstimate`.
+`estimate_memory`, `MemoryEstimate`, `lm_loss`, `run_configs` (built-in run configs).
 
 Importing this package registers the built-in families (`gpt2`, `llama3`) and their architectures.
 
@@ -19,10 +19,13 @@ Example:
 """
 
 from . import layers as layers
+from . import run_configs as run_configs
 from .gpt2 import GPT2 as GPT2
 from .gpt2 import GPT2Config as GPT2Config
 from .llama3 import Llama3 as Llama3
 from .llama3 import Llama3Config as Llama3Config
+from .objectives import check_lm_data as check_lm_data
+from .objectives import lm_loss as lm_loss
 from .registry import ModelRegistry as ModelRegistry
 from .registry import arch as arch
 from .registry import build_model as build_model
@@ -34,6 +37,7 @@ from .registry import register_family as register_family
 from .registry import replace_config as replace_config
 from .summary import MemoryEstimate as MemoryEstimate
 from .summary import count_params as count_params
+from .summary import describe as describe
 from .summary import estimate_memory as estimate_memory
 
 __all__ = [
@@ -45,13 +49,17 @@ __all__ = [
     "ModelRegistry",
     "arch",
     "build_model",
+    "check_lm_data",
     "count_params",
+    "describe",
     "estimate_memory",
     "family",
     "get_config",
     "layers",
     "list_archs",
     "list_families",
+    "lm_loss",
     "register_family",
     "replace_config",
+    "run_configs",
 ]

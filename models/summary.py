@@ -20,7 +20,7 @@ import torch
 
 from ..core import pytree
 
-__all__ = ["MemoryEstimate", "count_params", "estimate_memory"]
+__all__ = ["MemoryEstimate", "count_params", "describe", "estimate_memory"]
 
 _GIB = 1024**3
 
@@ -93,3 +93,27 @@ def estimate_memory(model_or_params: Any, *, optimizer_slots: int = 2, dtype_byt
         raise ValueError(f"dtype_bytes must be positive, got {dtype_bytes}.")
     n = count_params(model_or_params)
     return MemoryEstimate(params=n * dtype_bytes, grads=n * dtype_bytes, optimizer=n * dtype_bytes * optimizer_slots)
+
+
+def describe(model: Any, *, optimizer_slots: int = 2) -> str:
+    """A table of every parameter (path, shape, logical axes, size), the total, and the memory estimate.
+
+    Shapes come from `model.param_shapes()` (meta tensors): nothing is allocated, so this works
+    for models far larger than the machine (`--dry-run`).
+
+    Example:
+        >>> from ember.models import build_model
+        >>> print(describe(build_model("gpt2", "tiny")).splitlines()[0])
+        parameter                              shape            axes                                    count
+    """
+    from ..core.pytree import tree_leaves, tree_leaves_with_path  # local: keep import time small
+
+    shapes = tree_leaves_with_path(model.param_shapes())
+    axes = tree_leaves(model.axes, is_leaf=lambda x: isinstance(x, tuple))
+    rows = [f"{'parameter':<38} {'shape':<16} {'axes':<32} {'count':>12}"]
+    for (path, t), ax in zip(shapes, axes):
+        rows.append(f"{path:<38} {str(tuple(t.shape)):<16} {str(ax):<32} {t.numel():>12,}")
+    n = sum(t.numel() for _, t in shapes)
+    rows.append(f"total: {n:,} parameters ({n / 1e6:.2f}M)")
+    rows.append(f"training state (fp32, AdamW): {estimate_memory(model, optimizer_slots=optimizer_slots)}")
+    return "\n".join(rows)

@@ -22,3 +22,13 @@ def test_nan_is_logged_not_dropped(tmp_out):
     with MetricsWriter(tmp_out) as w:
         row = w.write(3, {"loss": torch.tensor(float("nan"))})
     assert row["loss"] != row["loss"]
+
+
+def test_fresh_run_truncates_and_resume_appends(tmp_out):
+    with MetricsWriter(tmp_out, tensorboard=False) as w:
+        w.write(1, {"loss": 1.0})
+    with MetricsWriter(tmp_out, tensorboard=False) as w:
+        w.write(1, {"loss": 2.0})
+    with MetricsWriter(tmp_out, tensorboard=False, append=True) as w:
+        w.write(2, {"loss": 3.0})
+    assert [r["loss"] for r in read_metrics(tmp_out)] == [2.0, 3.0]

@@ -1,0 +1,70 @@
+"""Training objectives over ember models.
+
+Public names: `lm_loss`, `check_lm_data`.
+
+Example:
+    >>> import torch
+    >>> from ember.core import random
+    >>> from ember.models import build_model
+    >>> model = build_model("llama3", "tiny")
+    >>> params = model.init(random.key(0))
+    >>> loss_fn = lm_loss(model)
+    >>> batch = {"inputs": torch.zeros(2, 8, dtype=torch.long), "targets": torch.ones(2, 8, dtype=torch.long)}
+    >>> loss, aux = loss_fn(params, batch, key=None)
+    >>> loss.shape, sorted(aux)
+    (torch.Size([]), ['tokens'])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Tuple
+
+import torch
+from torch import Tensor
+
+from ..core.step_fns.losses import cross_entropy
+from ..core.types import Batch, Key, Params
+
+__all__ = ["check_lm_data", "lm_loss"]
+
+
+def lm_loss(model: Any, *, z_loss: float = 0.0, ignore_index: int = -100) -> Callable[..., Tuple[Tensor, Dict[str, Tensor]]]:
+    """Next-token cross-entropy of `model` on `{"inputs": (B, T), "targets": (B, T)}` batches.
+
+    Extra batch entries (for example `positions` or `segment_ids`) are passed to `model.apply` as
+    keyword inputs, so they reach every layer.
+
+    Returns:
+        `loss_fn(params, batch, *, key) -> (loss, {"tokens": count})`, the shape `train_step` takes.
+    """
+
+    def loss_fn(params: Params, batch: Batch, *, key: Key | None) -> Tuple[Tensor, Dict[str, Tensor]]:
+        extra = {k: v for k, v in batch.items() if k not in ("inputs", "targets")}
+        logits = model.apply(params, batch["inputs"], key=key, **extra)  # (B, T, V)
+        targets = batch["targets"]
+        loss = cross_entropy(logits, targets, ignore_index=ignore_index, z_loss=z_loss)
+        tokens = (targets != ignore_index).sum().to(torch.float32)
+        return loss, {"tokens": tokens}
+
+    return loss_fn
+
+
+def check_lm_data(model: Any, *, seq_len: int, vocab_size: int | None = None) -> None:
+    """Raise a ValueError naming the config field to change when data will not fit `model`.
+
+    Args:
+        model: a model whose `config` has `max_seq_len` and `vocab_size`.
+        seq_len: tokens per training window (`--data.seq_len`).
+        vocab_size: the tokenizer's vocabulary size, or None to skip that check.
+    """
+    cfg = model.config
+    if seq_len > cfg.max_seq_len:
+        raise ValueError(
+            f"data.seq_len={seq_len} is above the model's maximum sequence length "
+            f"model.max_seq_len={cfg.max_seq_len}; lower --data.seq_len or raise --model.max_seq_len."
+        )
+    if vocab_size is not None and vocab_size > cfg.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {vocab_size} ids but model.vocab_size={cfg.vocab_size}; set "
+            f"--model.vocab_size {vocab_size} or more (a multiple of 64 is fastest)."
+        )

@@ -1,0 +1,69 @@
+"""Built-in run configs, registered in `ember.core.config` when `ember.models` is imported.
+
+Public names: `llama3_tiny`, `gpt2_tiny`, `llama3_125m` (the functions building each config).
+
+`llama3_tiny` is the default of `launch/train.py` and `make train`: a small Llama-style model
+trained on the running interpreter's standard library sources in a few CPU minutes. Vocabularies
+are the byte tokenizer's 257 ids (256 bytes + EOS) padded up to a multiple of 64 (nanoGPT's
+trick: friendlier matmul shapes; the unused rows just learn to be unlikely).
+
+Example:
+    >>> from ember.core.config import get_config
+    >>> cfg = get_config("llama3_tiny")
+    >>> cfg.family, cfg.model.vocab_size
+    ('llama3', 320)
+"""
+
+from __future__ import annotations
+
+from ..core.config import DataConfig, OptimConfig, TrainConfig, register_config
+from .registry import get_config
+
+__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny"]
+
+_BYTE_VOCAB = 320  # 257 byte-tokenizer ids padded to a multiple of 64
+
+
+@register_config("llama3_tiny")
+def llama3_tiny() -> TrainConfig:
+    """~1.2M-parameter Llama (4 layers, d=192, GQA 6:2) on the stdlib corpus: the default run."""
+    model = get_config("llama3", "tiny").replace(
+        vocab_size=_BYTE_VOCAB, n_layers=4, d_model=192, n_heads=6, n_kv_heads=2, ffn_dim=512
+    )
+    return TrainConfig(
+        family="llama3",
+        model=model,
+        optim=OptimConfig(name="adamw", learning_rate=3e-3, warmup_steps=30, weight_decay=0.1),
+        data=DataConfig(source="stdlib", seq_len=128, batch_size=16),
+        steps=400,
+        eval_every=100,
+        out="runs/default",
+    )
+
+
+@register_config("gpt2_tiny")
+def gpt2_tiny() -> TrainConfig:
+    """The GPT-2 family's toy model on the same data and schedule."""
+    base = llama3_tiny()
+    return TrainConfig(
+        family="gpt2",
+        model=get_config("gpt2", "tiny").replace(vocab_size=_BYTE_VOCAB),
+        optim=base.optim,
+        data=base.data,
+        steps=base.steps,
+        eval_every=base.eval_every,
+        out="runs/gpt2_tiny",
+    )
+
+
+@register_config("llama3_125m")
+def llama3_125m() -> TrainConfig:
+    """The ~125M-parameter Llama used by the benchmarks (BPE tokenizer, 1024-token windows)."""
+    return TrainConfig(
+        family="llama3",
+        model=get_config("llama3", "125m"),
+        optim=OptimConfig(name="adamw", learning_rate=6e-4, warmup_steps=100),
+        data=DataConfig(source="stdlib", tokenizer="bpe", vocab_size=32768, seq_len=1024, batch_size=8, max_bytes=None),
+        steps=1000,
+        out="runs/llama3_125m",
+    )
