@@ -185,7 +185,7 @@ def tree_map_with_path(fn: Callable[[str, Any], Any], tree: PyTree, *rest: PyTre
 
 def is_pytree_node(obj: Any) -> bool:
     """True if `obj` is a container `torch.utils._pytree` knows (dict, list, registered class...)."""
-    return not _pytree._is_leaf(obj)
+    return not _pytree.tree_is_leaf(obj)
 
 
 def check_same_structure(a: PyTree, b: PyTree, *, what: str = "trees", fix: str = "") -> None:

@@ -1,0 +1,86 @@
+"""launch/train.py end to end on tiny settings: outputs, a user's own family via --import (the
+README's code, extracted), --dry-run, and clear errors for bad input."""
+
+import importlib.util
+import json
+import pathlib
+import re
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("ember_launch_train", ROOT / "launch" / "train.py")
+train = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(train)
+
+# Small enough for seconds on 2 cores, big enough for the loss to fall.
+TINY = ["--backend", "eager", "--data.max_bytes", "300000", "--data.batch_size", "8", "--data.seq_len", "64",
+        "--log_every", "5", "--eval_every", "20", "--eval_batches", "2", "--sample_tokens", "16"]
+
+
+def test_default_config_trains_and_writes_outputs(tmp_out, capsys):
+    history = train.main(["--steps", "40", "--out", str(tmp_out), "--model.n_layers", "1", *TINY])
+    out = capsys.readouterr().out
+    assert "--- sample ---" in out and "eval loss:" in out
+    for name in ("metrics.jsonl", "loss.png", "config.json"):
+        assert (tmp_out / name).is_file(), name
+    assert any(p.name.startswith("events.out.tfevents") for p in tmp_out.iterdir())
+    evals = [r["eval_loss"] for r in history if "eval_loss" in r]
+    assert evals[-1] < 0.8 * evals[0], evals  # clearly learning
+    rows = [json.loads(line) for line in (tmp_out / "metrics.jsonl").read_text().splitlines()]
+    assert {"step", "loss", "grad_norm", "lr", "update_norm", "skipped"} <= set(rows[1])
+    assert json.loads((tmp_out / "config.json").read_text())["model"]["n_layers"] == 1
+
+
+def _readme_block(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"## {title}", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_users_own_family_from_the_readme(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_models.py").write_text(_readme_block("Your own model family"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    history = train.main(["--import", "my_models", "--config", "bigram_small", "--model.d_model", "32",
+                          "--steps", "20", "--out", str(tmp_path / "run"), *TINY])
+    evals = [r["eval_loss"] for r in history if "eval_loss" in r]
+    assert evals[-1] < evals[0]
+    assert "bigram" in json.loads((tmp_path / "run" / "config.json").read_text())["family"]
+    sys.modules.pop("my_models", None)
+
+
+def test_dry_run_prints_shapes_axes_memory(capsys):
+    assert train.main(["--dry-run", "--config", "gpt2_tiny"]) is None
+    out = capsys.readouterr().out
+    assert "blocks.0.attn.wq.weight" in out and "('heads', 'embed')" in out
+    assert "total:" in out and "GiB" in out
+
+
+@pytest.mark.parametrize(
+    "argv, error, match",
+    [
+        (["--config", "llama3_tinny"], KeyError, "did you mean 'llama3_tiny'"),
+        (["--data.source", "text", "--data.path", "/nonexistent/corpus.txt"], FileNotFoundError, "/nonexistent/corpus.txt"),
+        (["--data.seq_len", "4096"], ValueError, r"data.seq_len=4096 is above .* model.max_seq_len=256"),
+        (["--model.vocab_size", "64"], ValueError, r"tokenizer has 257 ids but model.vocab_size=64"),
+    ],
+    ids=["unknown-config", "missing-corpus", "seq-too-long", "vocab-too-small"],
+)
+def test_bad_input_has_clear_errors(argv, error, match, tmp_out):
+    with pytest.raises(error, match=match):
+        train.main([*argv, "--steps", "1", "--out", str(tmp_out), *TINY[:2]])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model.n_layer", "2"], "--model.n-layers"),  # a typo: tyro names the closest flag
+        (["--model.n_heads", "5"], "Choose n_heads among the divisors of d_model"),  # config validation
+    ],
+    ids=["field-typo", "heads-dont-divide"],
+)
+def test_command_line_errors_exit_with_the_fix(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--dry-run"])
+    assert message in " ".join(capsys.readouterr().err.split()).replace("│", "").replace("  ", " ") or message in capsys.readouterr().err
