@@ -1,24 +1,58 @@
-"""ember.core: pytrees, keys, transforms, jit, TrainState and testing helpers.
+"""ember.core: pytrees, keys, transforms, jit, TrainState, run configs and testing helpers.
+
+Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `scan`,
+`stack_trees`, `unstack_trees`, `device_for`, `to_device`, and the modules `pytree`, `random`,
+`tree_math`, `config`, `testing`, `step_fns`, `types`.
 
 `core` imports nothing else from ember.
 """
 
+from . import config as config
 from . import pytree as pytree
 from . import random as random
+from . import step_fns as step_fns
+from . import testing as testing
 from . import tree_math as tree_math
+from . import types as types
+from .device import device_for as device_for
+from .device import to_device as to_device
+from .jit import Jitted as Jitted
+from .jit import jit as jit
 from .train_state import TrainState as TrainState
+from .transforms import grad as grad
+from .transforms import remat as remat
+from .transforms import scan as scan
+from .transforms import stack_trees as stack_trees
+from .transforms import unstack_trees as unstack_trees
+from .transforms import value_and_grad as value_and_grad
+from .transforms import vmap as vmap
 from .types import Key as Key
 from .types import Metrics as Metrics
 from .types import Params as Params
 from .types import PyTree as PyTree
 
 __all__ = [
+    "Jitted",
     "Key",
     "Metrics",
     "Params",
     "PyTree",
     "TrainState",
+    "config",
+    "device_for",
+    "grad",
+    "jit",
     "pytree",
     "random",
+    "remat",
+    "scan",
+    "stack_trees",
+    "step_fns",
+    "testing",
+    "to_device",
     "tree_math",
+    "types",
+    "unstack_trees",
+    "value_and_grad",
+    "vmap",
 ]

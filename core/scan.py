@@ -1,0 +1,251 @@
+"""Loops over the leading dimension of pytrees: `scan`, and stacking trees into one.
+
+Public names: `scan`, `stack_trees`, `unstack_trees` (also exported from `ember.core.transforms`).
+
+`scan(f, init, xs)` is `jax.lax.scan`: it threads a carry through `f(carry, x) -> (carry, y)`
+for each slice `x` of `xs` along dim 0 and stacks the `y`s. The typical use is a stack of
+identical layers whose parameters are stored stacked (`stack_trees(per_layer_params)`, each leaf
+with a leading `n_layers` dim), applied by scanning the block over them.
+
+`scan` is a Python loop, so under `torch.compile` it is **unrolled**: the graph holds one copy
+of the body per step and compile time grows with the length. torch 2.9's rolled scan operator
+(`torch._higher_order_ops.scan`) fails under `torch.func.grad`, both eagerly ("view functorch
+tensors are not supported by meta conversion") and compiled, so ember does not use it.
+
+Example:
+    >>> import torch
+    >>> from ember.core.transforms import scan
+    >>> def cumsum(carry, x):
+    ...     carry = carry + x
+    ...     return carry, carry
+    >>> total, partial = scan(cumsum, torch.tensor(0.0), torch.arange(4.0))
+    >>> float(total), partial.tolist()
+    (6.0, [0.0, 1.0, 3.0, 6.0])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from .types import PyTree
+
+__all__ = ["scan", "stack_trees", "unstack_trees"]
+
+
+def _leading_dim(tree: PyTree, *, what: str) -> Optional[int]:
+    """The common leading dim of every leaf of `tree` (None if it has no leaves)."""
+    leaves, _ = tree_flatten_with_path(tree)
+    n: Optional[int] = None
+    first = ""
+    for path, leaf in leaves:
+        if leaf is None:  # torch's pytree keeps None as a leaf; JAX treats it as empty
+            continue
+        name = keystr(path) or "<root>"
+        if not isinstance(leaf, Tensor):
+            raise TypeError(
+                f"every leaf of {what} must be a tensor; {what}.{name} is a {type(leaf).__name__}. "
+                "Keep non-tensor values out of the scanned tree (close over them instead)."
+            )
+        if leaf.dim() == 0:
+            raise ValueError(
+                f"{what}.{name} is 0-d, but every leaf needs a leading dim to slice over; "
+                "give it shape (length, ...)."
+            )
+        if n is None:
+            n, first = leaf.shape[0], name
+        elif leaf.shape[0] != n:
+            raise ValueError(
+                f"every leaf of {what} must have the same leading dim: {what}.{first} has "
+                f"{n} but {what}.{name} has {leaf.shape[0]} (shape {tuple(leaf.shape)})."
+            )
+    return n
+
+
+def _unstack(tree: PyTree, n: int) -> List[PyTree]:
+    leaves, spec = tree_flatten(tree)
+    slices = [(None,) * n if leaf is None else leaf.unbind(0) for leaf in leaves]  # n views each
+    return [tree_unflatten([s[i] for s in slices], spec) for i in range(n)]
+
+
+def _signature(tree: PyTree) -> Tuple[Any, List[Tuple[str, Any]]]:
+    leaves, spec = tree_flatten_with_path(tree)
+    sig = [
+        (keystr(p), (tuple(v.shape), v.dtype) if isinstance(v, Tensor) else type(v))
+        for p, v in leaves
+    ]
+    return spec, sig
+
+
+def _check_carry(init_sig: Tuple[Any, List[Tuple[str, Any]]], carry: PyTree, step: int) -> None:
+    spec, sig = _signature(carry)
+    if spec != init_sig[0]:
+        raise ValueError(
+            f"scan: the carry returned at step {step} has a different structure from `init`:\n"
+            f"  init:  {init_sig[0]}\n  carry: {spec}\n"
+            "`f` must return `(carry, y)` with carry shaped exactly like `init`."
+        )
+    for (path, want), (_, got) in zip(init_sig[1], sig):
+        if want != got:
+            raise ValueError(
+                f"scan: carry leaf '{path or '<root>'}' changed at step {step}: `init` has "
+                f"{want}, `f` returned {got}. The carry must keep its shape and dtype; cast or "
+                "reshape inside `f`, or change `init` to match."
+            )
+
+
+def scan(
+    f: Callable[[PyTree, PyTree], Tuple[PyTree, PyTree]],
+    init: PyTree,
+    xs: PyTree,
+    *,
+    length: Optional[int] = None,
+    unroll: bool = True,
+) -> Tuple[PyTree, PyTree]:
+    """Loop `f(carry, x) -> (carry, y)` over dim 0 of `xs`; return the final carry and stacked ys.
+
+    Equivalent to::
+
+        carry = init
+        for i in range(length):
+            carry, y_i = f(carry, tree_map(lambda l: l[i], xs))
+        return carry, stack_trees([y_0, ..., y_{length-1}])
+
+    Works under `grad`, `vmap` and `torch.compile(fullgraph=True)`, where it unrolls.
+
+    Args:
+        f: the step function. `carry` keeps the structure, shapes and dtypes of `init`; `y` is any
+            pytree of tensors with the same structure every step, or None.
+        init: the initial carry (a pytree).
+        xs: a pytree whose tensor leaves share a leading dim of size `length` (None leaves are
+            passed to `f` as None), or None.
+        length: number of steps; required when `xs` has no leaves, else must match.
+        unroll: must be True: the loop is unrolled (torch 2.9's rolled scan op does not support
+            `torch.func.grad`).
+
+    Returns:
+        `(carry, ys)`: the final carry and the `y`s stacked along a new dim 0 (None if `f`
+        returned None for y).
+
+    Raises:
+        TypeError: a leaf of `xs` is not a tensor.
+        ValueError: leading dims differ (the message names both leaves), `length` disagrees with
+            `xs` or is missing, `length` is 0, the carry changes structure, shape or dtype, or
+            `unroll` is not True.
+
+    Example:
+        >>> import torch
+        >>> from ember.core.transforms import scan, stack_trees
+        >>> layers = stack_trees([{"w": torch.full((2, 2), float(i))} for i in range(3)])
+        >>> h, _ = scan(lambda h, p: (h @ p["w"], None), torch.ones(1, 2), layers)
+        >>> h.tolist()
+        [[0.0, 0.0]]
+    """
+    if unroll is not True:
+        raise ValueError(
+            f"scan(unroll={unroll!r}) is not supported: ember's scan always unrolls, because "
+            "torch 2.9's rolled scan operator fails under torch.func.grad. Pass unroll=True."
+        )
+    n = _leading_dim(xs, what="xs")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
+        raise TypeError(f"length must be an int or None, got {length!r}.")
+    if n is None:
+        if length is None:
+            raise ValueError("scan: `xs` has no tensor leaves, so pass length=<number of steps>.")
+        n = length
+    elif length is not None and length != n:
+        raise ValueError(f"scan: length={length} but the leaves of `xs` have leading dim {n}.")
+    if n == 0:
+        raise ValueError(
+            "scan over 0 steps: the structure of ys is unknown without running `f`; "
+            "handle the empty case before calling scan."
+        )
+    init_sig = _signature(init)
+    slices = _unstack(xs, n)
+    carry, ys = init, []
+    for i, x in enumerate(slices):
+        carry, y = f(carry, x)
+        _check_carry(init_sig, carry, i)
+        ys.append(y)
+    if all(y is None for y in ys):
+        return carry, None
+    return carry, stack_trees(ys, what="scan ys")
+
+
+def stack_trees(trees: Sequence[PyTree], *, what: str = "trees") -> PyTree:
+    """Stack a list of same-structured pytrees leaf by leaf along a new dim 0.
+
+    Args:
+        trees: a non-empty list of pytrees with the same structure, shapes and dtypes
+            (e.g. the params of each layer). A leaf that is None in every tree stays None.
+        what: how to name the trees in error messages.
+
+    Returns:
+        One pytree whose leaves have shape `(len(trees), *leaf.shape)`.
+
+    Raises:
+        ValueError: `trees` is empty, or the trees differ in structure or in a leaf's shape
+            (the message names the tree index and the leaf path).
+        TypeError: `trees` is not a list or tuple, or a leaf is not a tensor.
+
+    Example:
+        >>> import torch
+        >>> from ember.core.transforms import stack_trees
+        >>> stack_trees([{"w": torch.zeros(3)}, {"w": torch.ones(3)}])["w"].shape
+        torch.Size([2, 3])
+    """
+    if not isinstance(trees, (list, tuple)):
+        raise TypeError(f"{what} must be a list or tuple of pytrees, got {type(trees).__name__}.")
+    if len(trees) == 0:
+        raise ValueError(f"cannot stack an empty list of {what}: pass at least one tree.")
+    first, spec = tree_flatten_with_path(trees[0])
+    columns: List[List[Tensor]] = [[] for _ in first]
+    for k, tree in enumerate(trees):
+        leaves, spec_k = tree_flatten_with_path(tree)
+        if spec_k != spec:
+            raise ValueError(
+                f"{what}[{k}] has a different structure from {what}[0]:\n"
+                f"  {what}[0]: {spec}\n  {what}[{k}]: {spec_k}\nEvery tree must match."
+            )
+        for j, ((path, leaf), (_, ref)) in enumerate(zip(leaves, first)):
+            name = keystr(path) or "<root>"
+            if leaf is None and ref is None:  # None leaves stay None (e.g. an unused y part)
+                continue
+            if not isinstance(leaf, Tensor) or not isinstance(ref, Tensor):
+                bad, idx = (leaf, k) if not isinstance(leaf, Tensor) else (ref, 0)
+                raise TypeError(f"{what}[{idx}].{name} is a {type(bad).__name__}, not a tensor.")
+            if leaf.shape != ref.shape or leaf.dtype != ref.dtype:
+                raise ValueError(
+                    f"cannot stack {what}: leaf '{name}' is {tuple(ref.shape)} {ref.dtype} in "
+                    f"{what}[0] but {tuple(leaf.shape)} {leaf.dtype} in {what}[{k}]."
+                )
+            columns[j].append(leaf)
+    return tree_unflatten([torch.stack(col) if col else None for col in columns], spec)
+
+
+def unstack_trees(tree: PyTree) -> List[PyTree]:
+    """Split a pytree along dim 0 of every leaf into a list of pytrees (inverse of `stack_trees`).
+
+    Args:
+        tree: a pytree whose tensor leaves share a leading dim `n` (None leaves stay None).
+
+    Returns:
+        A list of `n` pytrees; the i-th holds `leaf[i]` for every leaf (views, no copies).
+
+    Raises:
+        TypeError: a leaf is not a tensor.
+        ValueError: a leaf is 0-d, the leading dims differ, or the tree has no leaves.
+
+    Example:
+        >>> import torch
+        >>> from ember.core.transforms import unstack_trees
+        >>> [t["w"].tolist() for t in unstack_trees({"w": torch.tensor([1.0, 2.0])})]
+        [1.0, 2.0]
+    """
+    n = _leading_dim(tree, what="tree")
+    if n is None:
+        raise ValueError("cannot unstack a tree with no tensor leaves: its length is unknown.")
+    return _unstack(tree, n)

@@ -1,0 +1,81 @@
+"""Private helpers shared by the step builders: loss-output parsing and state checks."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..pytree import tree_leaves_with_path
+
+_MSG_BAD_LOSS_OUTPUT = (
+    "loss_fn must return a 0-d loss tensor or a tuple `(loss, aux)` with aux a dict of 0-d "
+    "tensors, got {got}. Right: `return loss` or `return loss, {{'accuracy': acc}}`."
+)
+
+_MSG_NOT_A_STATE = (
+    "{fn} expects a TrainState-like pytree with `params`, `opt_state` and `step` fields, got "
+    "{got}. Build one with `ember.TrainState.create(params=params, tx=tx, key=ember.random.key(0))`."
+)
+
+RESERVED_METRICS = ("loss", "grad_norm", "update_norm", "lr", "skipped")
+
+
+def describe(x: Any) -> str:
+    """A short description of a value for error messages."""
+    if isinstance(x, Tensor):
+        return f"a tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
+    return f"an object of type {type(x).__name__}"
+
+
+def is_state_like(x: Any) -> bool:
+    """True if `x` has the fields a train step reads (`params`, `opt_state`, `step`)."""
+    return all(hasattr(x, name) for name in ("params", "opt_state", "step"))
+
+
+def check_state(x: Any, fn: str) -> None:
+    """Raise `TypeError` with the fix when `x` is not TrainState-like."""
+    if not is_state_like(x) or not callable(getattr(x, "replace", None)):
+        raise TypeError(_MSG_NOT_A_STATE.format(fn=fn, got=describe(x)))
+
+
+def split_loss_output(out: Any, *, reserved: Tuple[str, ...] = ()) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """Split `loss` or `(loss, aux)` (decided by structure at trace time) and validate both."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+        loss, aux = out
+    else:
+        loss, aux = out, {}
+    if not isinstance(loss, Tensor):
+        raise TypeError(_MSG_BAD_LOSS_OUTPUT.format(got=describe(out)))
+    if loss.dim() != 0:
+        raise ValueError(
+            f"loss_fn must return a 0-d loss, got shape {tuple(loss.shape)}. Reduce it inside "
+            f"loss_fn, e.g. `loss.mean()` (or use ember.core.step_fns.cross_entropy)."
+        )
+    if not (loss.is_floating_point()):
+        raise TypeError(f"loss_fn must return a floating-point loss, got dtype {loss.dtype}.")
+    for name, value in aux.items():
+        if not isinstance(name, str):
+            raise TypeError(f"aux metric names must be strings, got {name!r}.")
+        if name in reserved:
+            raise ValueError(
+                f"aux metric {name!r} collides with a metric the step computes itself "
+                f"({', '.join(reserved)}); rename it, e.g. 'aux_{name}'."
+            )
+        if not isinstance(value, Tensor) or value.dim() != 0:
+            raise ValueError(
+                f"aux metric {name!r} must be a 0-d tensor, got {describe(value)}. Reduce it in "
+                f"loss_fn (e.g. `.mean()`); metrics are scalars kept on device until logged."
+            )
+    return loss, aux
+
+
+def find_learning_rate(opt_state: Any) -> Optional[Tensor]:
+    """The first leaf whose dotted path ends with `hyperparams.learning_rate`, or None."""
+    for path, leaf in tree_leaves_with_path(opt_state):
+        if isinstance(leaf, Tensor) and (
+            path == "hyperparams.learning_rate" or path.endswith(".hyperparams.learning_rate")
+        ):
+            return leaf.detach().to(torch.float32)
+    return None

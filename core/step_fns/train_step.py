@@ -1,0 +1,274 @@
+"""`train_step`: build a pure `step(state, batch) -> (state, metrics)` from a loss function.
+
+Public names: `train_step`.
+
+The step is a pure function of its inputs: randomness comes from `fold_in(state.key, state.step)`,
+nothing is modified in place, and there is no host sync or Python branching on tensor values, so
+the same step runs eagerly, under `torch.compile(fullgraph=True)` and under torch_xla.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..pytree import keystr, tree_flatten_with_path, tree_map, tree_unflatten
+from ..random import fold_in
+from ..transforms import value_and_grad
+from ..tree_math import (
+    apply_updates,
+    global_norm,
+    tree_add,
+    tree_all_finite,
+    tree_cast,
+    tree_scale,
+    tree_where,
+)
+from ..types import Batch, Key, Metrics, Params, PyTree
+from ._common import RESERVED_METRICS, check_state, find_learning_rate, split_loss_output
+__all__ = ["train_step"]
+
+LossFn = Callable[..., Any]
+"""`loss_fn(params, batch, *, key) -> loss` or `-> (loss, aux)`; loss 0-d, aux a dict of 0-d."""
+
+_MSG_NO_TX = (
+    "train_step has no gradient transformation: pass `train_step(loss_fn, tx)` or build the "
+    "state with `TrainState.create(params=..., tx=tx)` so that `state.tx` is set."
+)
+
+
+def _check_args(loss_fn: Any, tx: Any, microbatches: Any, compute_dtype: Any) -> None:
+    if not callable(loss_fn):
+        raise TypeError(
+            f"train_step(loss_fn, ...) expects a callable `loss_fn(params, batch, *, key)`, "
+            f"got {type(loss_fn).__name__}."
+        )
+    if tx is not None and not callable(getattr(tx, "update", None)):
+        raise TypeError(
+            f"train_step(tx=...) expects a gradient transformation with "
+            f"`update(grads, opt_state, params)`, got {type(tx).__name__}. "
+            f"Build one with ember.optim, e.g. `ember.optim.adamw(3e-4)`."
+        )
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int):
+        raise TypeError(f"train_step(microbatches=...) must be an int >= 1, got {microbatches!r}.")
+    if microbatches < 1:
+        raise ValueError(
+            f"train_step(microbatches=...) must be >= 1 (1 means no gradient accumulation), "
+            f"got {microbatches}."
+        )
+    if compute_dtype is not None and not (
+        isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point
+    ):
+        raise TypeError(
+            f"train_step(compute_dtype=...) must be None or a floating torch.dtype such as "
+            f"torch.bfloat16, got {compute_dtype!r}."
+        )
+
+
+def split_microbatches(batch: Batch, microbatches: int) -> List[Batch]:
+    """Split every tensor leaf of `batch` along dim 0 into `microbatches` equal chunks.
+
+    Args:
+        batch: pytree whose tensor leaves share a leading batch dim `B`; non-tensor leaves are
+            passed to every chunk unchanged.
+        microbatches: number of chunks; `B` must be divisible by it.
+
+    Returns:
+        A list of `microbatches` batches with the structure of `batch`, leaves `(B // m, ...)`
+        (views, no copies).
+
+    Raises:
+        ValueError: a tensor leaf is 0-d or its leading dim is not divisible by `microbatches`.
+    """
+    if microbatches == 1:
+        return [batch]
+    leaves, spec = tree_flatten_with_path(batch)
+    sizes = []
+    for path, leaf in leaves:
+        if not isinstance(leaf, Tensor):
+            sizes.append(None)
+            continue
+        name = "batch" + (f".{keystr(path)}" if path else "")
+        if leaf.dim() == 0:
+            raise ValueError(
+                f"cannot split {name} into {microbatches} microbatches: it is 0-d. Every batch "
+                f"tensor needs a leading batch dim, or use microbatches=1."
+            )
+        n = leaf.shape[0]
+        if n % microbatches != 0:
+            fits = [m for m in range(1, n + 1) if n % m == 0]
+            raise ValueError(
+                f"cannot split {name} (leading dim {n}, shape {tuple(leaf.shape)}) into "
+                f"{microbatches} equal microbatches: {n} % {microbatches} = {n % microbatches}. "
+                f"Use a batch size divisible by {microbatches}, or microbatches in {fits}."
+            )
+        sizes.append(n // microbatches)
+    chunks = []
+    for i in range(microbatches):
+        out = [
+            leaf.narrow(0, i * size, size) if size is not None else leaf
+            for (_, leaf), size in zip(leaves, sizes)
+        ]
+        chunks.append(tree_unflatten(out, spec))
+    return chunks
+
+
+def train_step(
+    loss_fn: LossFn,
+    tx: Any = None,
+    *,
+    microbatches: int = 1,
+    skip_nonfinite: bool = True,
+    compute_dtype: Optional[torch.dtype] = None,
+) -> Callable[[Any, Batch], Tuple[Any, Metrics]]:
+    """Build a pure training step from `loss_fn` and a gradient transformation.
+
+    The step computes `loss_fn`'s gradient with respect to `state.params`, runs `tx.update`,
+    applies the updates and advances `state.step`. Per-step randomness is
+    `step_key = fold_in(state.key, state.step)`; with `microbatches > 1`, microbatch `i` gets
+    `fold_in(step_key, i)`, otherwise `loss_fn` gets `step_key` itself. `state.key` never changes.
+
+    `loss_fn(params, batch, *, key)` returns a 0-d loss or `(loss, aux)` with `aux` a dict of
+    0-d tensors (told apart by structure at trace time). With `microbatches = m`, every tensor
+    leaf of the batch is split along dim 0 into `m` equal chunks; gradients, loss and aux
+    metrics are accumulated in float32 and averaged (for a mean loss over equal-size chunks this
+    equals the full-batch gradient; a token-mean loss with different token counts per chunk
+    becomes the mean of the chunk means).
+
+    With `compute_dtype` (e.g. `torch.bfloat16`), floating params and floating batch leaves are
+    cast to it for the forward and backward pass; master params stay in their own dtype and
+    gradients come back in it through the cast. With `skip_nonfinite`, a step whose loss or any
+    gradient is NaN/inf keeps `params` and `opt_state` (selected with `tree_where`, no host
+    sync), increments `state.skipped_steps`, and still advances `state.step`.
+
+    Metrics (a dict of 0-d tensors, never synced to host):
+        `loss` (float32, averaged over microbatches), `grad_norm` (global L2 norm of the averaged
+        gradients), `update_norm` (global norm of the update actually applied: 0 for a skipped
+        step), `lr` (the first leaf of the new `opt_state` whose path ends in
+        `hyperparams.learning_rate`, as ember.optim aliases have; absent otherwise), `skipped`
+        (float32 1.0 if this step was skipped, else 0.0), then the aux metrics (float32).
+
+    Args:
+        loss_fn: `loss_fn(params, batch, *, key) -> loss | (loss, aux)`.
+        tx: gradient transformation (`update(grads, opt_state, params)`); defaults to `state.tx`.
+        microbatches: number of equal chunks to split the batch into (gradient accumulation).
+        skip_nonfinite: skip updates whose loss or gradients are not finite.
+        compute_dtype: floating dtype for the forward/backward pass, or None for the params' own.
+
+    Returns:
+        `step(state, batch) -> (new_state, metrics)`, pure and traceable.
+
+    Raises:
+        TypeError: `loss_fn` is not callable, `tx` has no `update`, `microbatches` is not an int,
+            `compute_dtype` is not a floating dtype; when called, a state that is not
+            TrainState-like or a `loss_fn` output that is not a loss / `(loss, aux)`.
+        ValueError: `microbatches < 1`; when called, a batch leaf not divisible into
+            microbatches, a non-scalar loss or aux metric, or an aux name that shadows a metric.
+
+    Example:
+        >>> import torch
+        >>> from ember import optim
+        >>> from ember.core import TrainState, random
+        >>> from ember.core.step_fns import train_step
+        >>> def loss_fn(params, batch, *, key):
+        ...     pred = batch["x"] @ params["w"]
+        ...     return ((pred - batch["y"]) ** 2).mean()
+        >>> state = TrainState.create(params={"w": torch.zeros(3)}, tx=optim.sgd(0.1),
+        ...                           key=random.key(0))
+        >>> batch = {"x": torch.eye(3), "y": torch.ones(3)}
+        >>> step = train_step(loss_fn, microbatches=3)
+        >>> state, metrics = step(state, batch)
+        >>> int(state.step), round(metrics["loss"].item(), 4), sorted(metrics)
+        (1, 1.0, ['grad_norm', 'loss', 'lr', 'skipped', 'update_norm'])
+        >>> [round(v, 4) for v in state.params["w"].tolist()]
+        [0.0667, 0.0667, 0.0667]
+    """
+    _check_args(loss_fn, tx, microbatches, compute_dtype)
+    skip_nonfinite = bool(skip_nonfinite)
+
+    def loss_and_grads(params: Params, batch: Batch, key: Optional[Key]):
+        def objective(p: Params):
+            out = loss_fn(tree_cast(p, compute_dtype), batch, key=key)
+            loss, aux = split_loss_output(out, reserved=RESERVED_METRICS)
+            return loss.to(torch.float32), aux
+
+        (loss, aux), grads = value_and_grad(objective, has_aux=True)(params)
+        return grads, loss, aux
+
+    def accumulate(params: Params, batch: Batch, step_key: Optional[Key]):
+        batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
+        if microbatches == 1:
+            grads, loss, aux = loss_and_grads(params, batch, step_key)
+            return tree_cast(grads, torch.float32), loss, _aux_f32(aux)
+        acc_grads: Optional[PyTree] = None
+        acc_loss: Optional[Tensor] = None
+        acc_aux: Dict[str, Tensor] = {}
+        # A Python loop: it unrolls at trace time into `microbatches` forward/backward passes.
+        for i, chunk in enumerate(split_microbatches(batch, microbatches)):
+            key_i = fold_in(step_key, i) if step_key is not None else None
+            grads, loss, aux = loss_and_grads(params, chunk, key_i)
+            grads, aux = tree_cast(grads, torch.float32), _aux_f32(aux)
+            if acc_grads is None:
+                acc_grads, acc_loss, acc_aux = grads, loss, aux
+            else:
+                acc_grads = tree_add(acc_grads, grads)
+                acc_loss = acc_loss + loss
+                acc_aux = {k: acc_aux[k] + aux[k] for k in acc_aux}
+        scale = 1.0 / microbatches
+        return (
+            tree_scale(acc_grads, scale),
+            acc_loss * scale,
+            {k: v * scale for k, v in acc_aux.items()},
+        )
+
+    def step(state: Any, batch: Batch) -> Tuple[Any, Metrics]:
+        check_state(state, "train_step's step(state, batch)")
+        transform = tx if tx is not None else getattr(state, "tx", None)
+        if transform is None or not callable(getattr(transform, "update", None)):
+            raise TypeError(_MSG_NO_TX)
+        params, opt_state = state.params, state.opt_state
+        state_key = getattr(state, "key", None)
+        step_key = fold_in(state_key, state.step) if state_key is not None else None
+
+        grads32, loss, aux = accumulate(params, batch, step_key)
+        grad_norm = global_norm(grads32)
+        # The optimizer sees gradients in each parameter's own dtype, whatever `microbatches`.
+        grads = tree_map(lambda g, p: g.to(p.dtype), grads32, params)
+        updates, new_opt_state = transform.update(grads, opt_state, params)
+        new_params = apply_updates(params, updates)
+        update_norm = global_norm(updates)
+
+        zero_i64 = torch.zeros((), dtype=torch.int64, device=state.step.device)
+        if skip_nonfinite:
+            ok = torch.isfinite(loss) & tree_all_finite(grads32)
+            new_params = tree_where(ok, new_params, params)
+            new_opt_state = tree_where(ok, new_opt_state, opt_state)
+            skipped = (~ok).to(torch.float32)
+            update_norm = torch.where(ok, update_norm, torch.zeros_like(update_norm))
+            skipped_inc = (~ok).to(torch.int64)
+        else:
+            skipped = torch.zeros((), dtype=torch.float32, device=loss.device)
+            skipped_inc = zero_i64
+
+        changes: Dict[str, Any] = dict(
+            step=state.step + 1, params=new_params, opt_state=new_opt_state
+        )
+        if hasattr(state, "skipped_steps"):
+            changes["skipped_steps"] = state.skipped_steps + skipped_inc
+        new_state = state.replace(**changes)
+
+        metrics: Metrics = {"loss": loss, "grad_norm": grad_norm, "update_norm": update_norm}
+        lr = find_learning_rate(new_opt_state)
+        if lr is not None:
+            metrics["lr"] = lr
+        metrics["skipped"] = skipped
+        metrics.update(aux)
+        return new_state, metrics
+
+    return step
+
+
+def _aux_f32(aux: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    return {k: v.detach().to(torch.float32) for k, v in aux.items()}
