@@ -35,7 +35,7 @@ def llama3_tiny() -> TrainConfig:
         model=model,
         optim=OptimConfig(name="adamw", learning_rate=3e-3, warmup_steps=30, weight_decay=0.1),
         data=DataConfig(source="stdlib", seq_len=128, batch_size=16),
-        steps=400,
+        steps=300,
         eval_every=100,
         out="runs/default",
     )
