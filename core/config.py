@@ -87,6 +87,8 @@ class DataConfig:
     """Windows per batch (global, across data-parallel ranks)."""
     num_workers: int = 0
     """grain worker processes (0 = in the main process)."""
+    collate: str = "torch"
+    """Registered collator turning numpy batches into what the step takes (`@ember.data.collator`)."""
     seed: int = 0
     """Shuffle seed."""
 

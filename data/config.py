@@ -20,7 +20,7 @@ from typing import Any, Iterator, Literal
 
 from ..core.config import DataConfig
 from .bpe import train_bpe
-from .collate import to_torch
+from .collate import Collator, get_collator
 from .iterator import PipelineIterator
 from .pipeline import make_pipeline
 from .sources import load_source
@@ -51,17 +51,18 @@ def build_tokenizer(cfg: DataConfig) -> Tokenizer:
 
 
 class TorchBatches:
-    """An iterator of torch batches over a `PipelineIterator`, forwarding its checkpoint state."""
+    """Collated batches over a `PipelineIterator`, forwarding its checkpoint state."""
 
-    def __init__(self, it: PipelineIterator, *, device: Any = None) -> None:
+    def __init__(self, it: PipelineIterator, *, collate: Collator, device: Any = None) -> None:
         self.pipeline = it
+        self.collate = collate
         self.device = device
 
     def __iter__(self) -> "TorchBatches":
         return self
 
     def __next__(self) -> dict:
-        return to_torch(next(self.pipeline), device=self.device)
+        return self.collate(next(self.pipeline), device=self.device)
 
     def get_state(self) -> dict:
         """The pipeline's state after the last batch handed out (JSON-serialisable)."""
@@ -85,8 +86,10 @@ def build_batches(
 
     The train split is shuffled and repeats over epochs; the eval split is read in order, so each
     evaluation sees the same batches. `cfg.batch_size` is global: each of `shard_count` ranks gets
-    `batch_size // shard_count` rows.
+    `batch_size // shard_count` rows. `cfg.collate` names the registered collator applied to
+    each numpy batch (default "torch").
     """
+    collate = get_collator(cfg.collate)
     if cfg.batch_size % shard_count:
         raise ValueError(
             f"data.batch_size={cfg.batch_size} is global and must divide evenly over {shard_count} "
@@ -104,4 +107,4 @@ def build_batches(
         num_workers=cfg.num_workers if split == "train" else 0,
         repeat=True,
     )
-    return TorchBatches(it, device=device)
+    return TorchBatches(it, collate=collate, device=device)

@@ -84,3 +84,24 @@ def test_command_line_errors_exit_with_the_fix(argv, message, capsys):
     with pytest.raises(SystemExit):
         train.main([*argv, "--dry-run"])
     assert message in " ".join(capsys.readouterr().err.split()).replace("│", "").replace("  ", " ") or message in capsys.readouterr().err
+
+
+USER_COLLATOR = '''
+from ember.data import collator, to_torch
+
+CALLS = []
+
+@collator("counting")
+def counting(batch, *, device=None):
+    CALLS.append(batch["inputs"].shape)
+    return to_torch(batch, device=device)
+'''
+
+
+def test_users_collator_is_found_after_import(tmp_path, monkeypatch):
+    (tmp_path / "my_collators.py").write_text(USER_COLLATOR)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    train.main(["--import", "my_collators", "--data.collate", "counting", "--steps", "3", "--out", str(tmp_path / "run"),
+                "--model.n_layers", "1", *TINY])
+    assert len(sys.modules["my_collators"].CALLS) >= 3  # train batches (+ eval batches)
+    sys.modules.pop("my_collators", None)
