@@ -3,7 +3,8 @@
 Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `Attention`, ...), `GPT2`,
 `GPT2Config`, `Llama3`, `Llama3Config`, `ModelRegistry`, `register_family`, `family`, `arch`,
 `get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
-`estimate_memory`, `MemoryEstimate`, `lm_loss`, `run_configs` (built-in run configs).
+`estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; bridges `from_torch`,
+`from_hf` / `to_hf` (Hugging Face GPT-2 and Llama folders); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`, `run_configs` (built-in run configs).
 
 Importing this package registers the built-in families (`gpt2`, `llama3`) and their architectures.
 
@@ -20,6 +21,24 @@ Example:
 
 from . import layers as layers
 from . import run_configs as run_configs
+from .bridge import HF_GPT2_AXES_RULES as HF_GPT2_AXES_RULES
+from .bridge import HF_LLAMA_AXES_RULES as HF_LLAMA_AXES_RULES
+from .bridge import TorchModel as TorchModel
+from .bridge import axes_from_rules as axes_from_rules
+from .bridge import from_torch as from_torch
+from .hf import SUPPORTED_HF_MODELS as SUPPORTED_HF_MODELS
+from .hf import config_from_hf as config_from_hf
+from .hf import config_to_hf as config_to_hf
+from .hf import from_hf as from_hf
+from .hf import params_from_hf as params_from_hf
+from .hf import params_to_hf as params_to_hf
+from .hf import to_hf as to_hf
+from .lora import LoRAModel as LoRAModel
+from .lora import lora_init as lora_init
+from .lora import lora_mask as lora_mask
+from .lora import lora_targets as lora_targets
+from .lora import merge_lora as merge_lora
+from .lora import to_lora as to_lora
 from .gpt2 import GPT2 as GPT2
 from .gpt2 import GPT2Config as GPT2Config
 from .llama3 import Llama3 as Llama3
@@ -43,23 +62,41 @@ from .summary import estimate_memory as estimate_memory
 __all__ = [
     "GPT2",
     "GPT2Config",
+    "HF_GPT2_AXES_RULES",
+    "HF_LLAMA_AXES_RULES",
     "Llama3",
     "Llama3Config",
+    "LoRAModel",
     "MemoryEstimate",
     "ModelRegistry",
+    "SUPPORTED_HF_MODELS",
+    "TorchModel",
     "arch",
+    "axes_from_rules",
     "build_model",
     "check_lm_data",
+    "config_from_hf",
+    "config_to_hf",
     "count_params",
     "describe",
     "estimate_memory",
     "family",
+    "from_hf",
+    "from_torch",
     "get_config",
     "layers",
     "list_archs",
     "list_families",
     "lm_loss",
+    "lora_init",
+    "lora_mask",
+    "lora_targets",
+    "merge_lora",
+    "params_from_hf",
+    "params_to_hf",
     "register_family",
     "replace_config",
     "run_configs",
+    "to_hf",
+    "to_lora",
 ]
