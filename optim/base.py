@@ -1,0 +1,101 @@
+"""The gradient-transformation interface: two pure functions in a NamedTuple (optax's shape).
+
+Public names: `GradientTransformation`, `TransformInitFn`, `TransformUpdateFn`, `EmptyState`,
+`MaskedNode`, `ScalarOrSchedule`, `identity`, `apply_updates`.
+
+A transformation turns gradients into updates. `init(params)` builds its state (a pytree of
+tensors: moments, a 0-d int64 step count, ...), and `update(updates, state, params=None)` returns
+`(new_updates, new_state)` without touching its inputs. Both are pure and trace whole under
+`torch.compile(fullgraph=True)` and torch_xla. `apply_updates(params, updates)` adds the result.
+
+Example:
+    >>> import torch
+    >>> from ember import optim
+    >>> tx = optim.identity()
+    >>> state = tx.init({"w": torch.zeros(2)})
+    >>> updates, state = tx.update({"w": torch.ones(2)}, state)
+    >>> optim.apply_updates({"w": torch.zeros(2)}, updates)["w"].tolist()
+    [1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional, Tuple, Union
+
+from torch import Tensor
+
+from ..core import pytree
+from ..core.tree_math import apply_updates as apply_updates
+from ..core.types import OptState, Params, Schedule, Updates
+
+__all__ = [
+    "EmptyState",
+    "GradientTransformation",
+    "MaskedNode",
+    "ScalarOrSchedule",
+    "TransformInitFn",
+    "TransformUpdateFn",
+    "apply_updates",
+    "identity",
+]
+
+ScalarOrSchedule = Union[float, Tensor, Schedule]
+"""A hyperparameter: a Python number, a 0-d tensor, or a schedule `count -> 0-d float32 tensor`."""
+
+TransformInitFn = Callable[[Params], OptState]
+"""`init(params) -> state`: build the state from the parameters (only shapes, dtypes, devices)."""
+
+TransformUpdateFn = Callable[[Updates, OptState, Optional[Params]], Tuple[Updates, OptState]]
+"""`update(updates, state, params=None) -> (updates, state)`: pure, out of place."""
+
+NO_PARAMS_MSG = (
+    "{name}.update needs `params` (it reads the parameter values), but got params=None. "
+    "Call `tx.update(grads, opt_state, params)`."
+)
+
+
+class GradientTransformation(NamedTuple):
+    """A pair of pure functions `(init, update)` that turn gradients into updates.
+
+    Attributes:
+        init: `init(params) -> state`.
+        update: `update(updates, state, params=None) -> (updates, state)`.
+    """
+
+    init: TransformInitFn
+    update: TransformUpdateFn
+
+
+@pytree.dataclass
+class EmptyState:
+    """The state of a stateless transformation: a pytree node with no leaves."""
+
+
+@pytree.dataclass
+class MaskedNode:
+    """A placeholder with no leaves, standing where a transformation does not see a parameter.
+
+    `masked` puts it in place of masked-out leaves, and per-parameter state that only some
+    parameters need (Adafactor's factored moments) uses it for the others, so every state tree
+    keeps the paths of the parameter tree.
+    """
+
+
+def identity() -> GradientTransformation:
+    """A transformation that returns the updates unchanged (and keeps an `EmptyState`).
+
+    Returns:
+        The identity `GradientTransformation`.
+    """
+
+    def init_fn(params: Params) -> EmptyState:
+        del params
+        return EmptyState()
+
+    def update_fn(
+        updates: Updates, state: EmptyState, params: Optional[Params] = None
+    ) -> Tuple[Updates, EmptyState]:
+        del params
+        return updates, state
+
+    return GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,265 @@
+"""Hyperparameter schedules: pure functions of a 0-d int64 step count returning 0-d float32 tensors.
+
+Public names: `constant_schedule`, `polynomial_schedule`, `linear_schedule`,
+`cosine_decay_schedule`, `warmup_cosine_decay_schedule`, `join_schedules`.
+
+The formulas and edge cases are optax's (`optax/schedules/_schedule.py`, `_join.py`). A schedule
+never branches in Python on the count: it uses `torch.clamp` / `torch.where`, so it traces once
+under `torch.compile(fullgraph=True)` and torch_xla and the count can live on the device. Pass a
+schedule as a hyperparameter (e.g. `adamw(learning_rate=warmup_cosine_decay_schedule(...))`);
+`inject_hyperparams` evaluates it at the optimizer's step count inside `update`.
+
+Example:
+    >>> import torch
+    >>> from ember import optim
+    >>> lr = optim.warmup_cosine_decay_schedule(0.0, 1.0, warmup_steps=10, decay_steps=110)
+    >>> [round(lr(torch.tensor(t)).item(), 4) for t in (0, 5, 10, 60, 110, 200)]
+    [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence, Union
+
+import torch
+from torch import Tensor
+
+from ..core.types import Schedule
+
+__all__ = [
+    "constant_schedule",
+    "cosine_decay_schedule",
+    "join_schedules",
+    "linear_schedule",
+    "polynomial_schedule",
+    "warmup_cosine_decay_schedule",
+]
+
+Number = Union[float, int]
+
+
+def _as_count(count: Union[Tensor, int]) -> Tensor:
+    """Accept a Python int for convenience (REPL use); a tensor passes through untouched."""
+    return count if isinstance(count, Tensor) else torch.as_tensor(count, dtype=torch.int64)
+
+
+def _f32(x: Tensor) -> Tensor:
+    return x if x.dtype == torch.float32 else x.to(torch.float32)
+
+
+def constant_schedule(value: Union[Number, Tensor]) -> Schedule:
+    """A schedule that always returns `value`.
+
+    Args:
+        value: the constant (Python number or 0-d tensor).
+
+    Returns:
+        `schedule(count) -> 0-d float32 tensor` on the count's device.
+
+    Example:
+        >>> import torch
+        >>> from ember import optim
+        >>> optim.constant_schedule(0.5)(torch.tensor(7)).item()
+        0.5
+    """
+
+    def schedule(count: Tensor) -> Tensor:
+        count = _as_count(count)
+        if isinstance(value, Tensor):
+            return value.to(device=count.device, dtype=torch.float32)
+        return torch.full((), value, dtype=torch.float32, device=count.device)
+
+    return schedule
+
+
+def polynomial_schedule(
+    init_value: Number,
+    end_value: Number,
+    *,
+    power: Number,
+    transition_steps: int,
+    transition_begin: int = 0,
+) -> Schedule:
+    """Go from `init_value` to `end_value` along `(1 - t / transition_steps) ** power`.
+
+    The value is `init_value` before `transition_begin`, `end_value` after
+    `transition_begin + transition_steps`, and `(init - end) * (1 - s / T) ** power + end` in
+    between (`s` = steps since `transition_begin`, `T` = `transition_steps`).
+
+    Args:
+        init_value: the value at the start.
+        end_value: the value at the end.
+        power: the polynomial's power (1 is linear).
+        transition_steps: steps over which the value changes; `<= 0` gives a constant schedule
+            at `init_value` (as optax).
+        transition_begin: steps to hold `init_value` first; negative values count as 0.
+
+    Returns:
+        `schedule(count) -> 0-d float32 tensor`.
+    """
+    if transition_steps <= 0:
+        return constant_schedule(init_value)
+    transition_begin = max(int(transition_begin), 0)
+
+    def schedule(count: Tensor) -> Tensor:
+        count = _as_count(count)
+        steps = torch.clamp(count - transition_begin, 0, transition_steps)
+        frac = 1 - _f32(steps) / transition_steps
+        return _f32((init_value - end_value) * frac**power + end_value)
+
+    return schedule
+
+
+def linear_schedule(
+    init_value: Number,
+    end_value: Number,
+    transition_steps: int,
+    transition_begin: int = 0,
+) -> Schedule:
+    """Go linearly from `init_value` to `end_value` over `transition_steps` steps.
+
+    Args:
+        init_value: the value at `transition_begin` and before.
+        end_value: the value at `transition_begin + transition_steps` and after.
+        transition_steps: length of the ramp; `<= 0` gives a constant schedule at `init_value`.
+        transition_begin: steps to hold `init_value` before the ramp starts.
+
+    Returns:
+        `schedule(count) -> 0-d float32 tensor`.
+
+    Example:
+        >>> import torch
+        >>> from ember import optim
+        >>> warmup = optim.linear_schedule(0.0, 1.0, transition_steps=4)
+        >>> [warmup(torch.tensor(t)).item() for t in range(6)]
+        [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    """
+    return polynomial_schedule(
+        init_value,
+        end_value,
+        power=1,
+        transition_steps=transition_steps,
+        transition_begin=transition_begin,
+    )
+
+
+def cosine_decay_schedule(
+    init_value: Number,
+    decay_steps: int,
+    alpha: Number = 0.0,
+    *,
+    exponent: Number = 1.0,
+) -> Schedule:
+    """Cosine decay from `init_value` to `alpha * init_value` over `decay_steps` steps.
+
+    `value(t) = init_value * ((1 - alpha) * (0.5 * (1 + cos(pi * min(t, T) / T))) ** exponent
+    + alpha)` with `T = decay_steps` (Loshchilov & Hutter, SGDR, 2017).
+
+    Args:
+        init_value: the value at step 0.
+        decay_steps: steps to reach the floor; must be positive.
+        alpha: the floor, as a fraction of `init_value`.
+        exponent: power applied to the cosine factor.
+
+    Returns:
+        `schedule(count) -> 0-d float32 tensor`.
+
+    Raises:
+        ValueError: `decay_steps <= 0`.
+    """
+    if not decay_steps > 0:
+        raise ValueError(
+            f"cosine_decay_schedule needs decay_steps > 0, got decay_steps={decay_steps}. "
+            f"Pass the number of steps over which to decay (for a constant value use "
+            f"constant_schedule)."
+        )
+
+    def schedule(count: Tensor) -> Tensor:
+        count = _as_count(count)
+        t = _f32(torch.clamp(count, max=decay_steps))
+        cosine = 0.5 * (1 + torch.cos(math.pi * t / decay_steps))
+        return _f32(init_value * ((1 - alpha) * cosine**exponent + alpha))
+
+    return schedule
+
+
+def join_schedules(schedules: Sequence[Schedule], boundaries: Sequence[int]) -> Schedule:
+    """Run `schedules[i]` from `boundaries[i-1]` on, each seeing the steps since its boundary.
+
+    Args:
+        schedules: the schedules, in order.
+        boundaries: `len(schedules) - 1` increasing step counts where the next schedule starts.
+
+    Returns:
+        `schedule(count) -> 0-d float32 tensor`.
+
+    Raises:
+        ValueError: the number of boundaries is not `len(schedules) - 1`.
+
+    Example:
+        >>> import torch
+        >>> from ember import optim
+        >>> s = optim.join_schedules(
+        ...     [optim.constant_schedule(1.0), optim.linear_schedule(1.0, 0.0, 10)], [5])
+        >>> [s(torch.tensor(t)).item() for t in (0, 4, 5, 10, 15)]
+        [1.0, 1.0, 1.0, 0.5, 0.0]
+    """
+    schedules, boundaries = list(schedules), [int(b) for b in boundaries]
+    if not schedules or len(boundaries) != len(schedules) - 1:
+        raise ValueError(
+            f"join_schedules needs len(boundaries) == len(schedules) - 1, got {len(schedules)} "
+            f"schedules and {len(boundaries)} boundaries ({boundaries}). Give one boundary "
+            f"(the step where the next schedule starts) between each pair of schedules."
+        )
+
+    def schedule(count: Tensor) -> Tensor:
+        count = _as_count(count)
+        out = schedules[0](count)
+        for boundary, nxt in zip(boundaries, schedules[1:]):
+            out = torch.where(count < boundary, out, nxt(count - boundary))
+        return out
+
+    return schedule
+
+
+def warmup_cosine_decay_schedule(
+    init_value: Number,
+    peak_value: Number,
+    warmup_steps: int,
+    decay_steps: int,
+    end_value: Number = 0.0,
+    *,
+    exponent: Number = 1.0,
+) -> Schedule:
+    """Linear warmup from `init_value` to `peak_value`, then cosine decay to `end_value`.
+
+    Args:
+        init_value: the value at step 0.
+        peak_value: the value at the end of warmup.
+        warmup_steps: length of the linear warmup.
+        decay_steps: total length of the schedule, warmup included (the cosine part lasts
+            `decay_steps - warmup_steps`, which must be positive).
+        end_value: the value from `decay_steps` on.
+        exponent: power applied to the cosine factor.
+
+    Returns:
+        `schedule(count) -> 0-d float32 tensor`.
+
+    Raises:
+        ValueError: `decay_steps <= warmup_steps`.
+    """
+    if not decay_steps > warmup_steps:
+        raise ValueError(
+            f"warmup_cosine_decay_schedule needs decay_steps > warmup_steps (decay_steps counts "
+            f"the warmup too), got warmup_steps={warmup_steps}, decay_steps={decay_steps}. "
+            f"Set decay_steps to the total number of training steps."
+        )
+    alpha = 0.0 if peak_value == 0.0 else end_value / peak_value
+    return join_schedules(
+        [
+            linear_schedule(init_value, peak_value, warmup_steps),
+            cosine_decay_schedule(peak_value, decay_steps - warmup_steps, alpha, exponent=exponent),
+        ],
+        [warmup_steps],
+    )
