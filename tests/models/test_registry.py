@@ -38,7 +38,7 @@ def reg() -> ModelRegistry:
 
 
 def test_builtin_families_and_archs():
-    assert list_families() == ["gpt2", "llama3"]
+    assert {"gpt2", "llama3"} <= set(list_families())  # user tests may register more
     assert list_archs("gpt2") == ["large", "medium", "small", "tiny", "xl"]
     assert list_archs("llama3") == ["125m", "1b", "3.1-8b", "3b", "70b", "8b", "tiny"]
     assert "llama3/8b" in list_archs() and "gpt2/tiny" in list_archs()
@@ -72,7 +72,7 @@ def test_overrides_are_validated():
 
 
 def test_unknown_names_list_close_matches():
-    known = r"Known: \['gpt2', 'llama3'\]"
+    known = r"Known: \[.*'gpt2', 'llama3'.*\]"  # other tests may register more families
     with pytest.raises(KeyError, match=r"unknown model family 'lama3'; did you mean 'llama3'\?.*" + known):
         get_config("lama3", "8b")
     with pytest.raises(KeyError, match=r"unknown llama3 architecture '8bb'; did you mean '8b'"):
