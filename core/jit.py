@@ -19,7 +19,14 @@ Backends:
       (measured: `[1, 1, 0, 0]`). A global `torch_xla.sync()` instead of the targeted one would
       also pick up any other live tensor with pending work (intermediates kept alive by reference
       cycles until the garbage collector runs), and the compile count then varied between
-      identical runs. `Jitted.compile_count` counts graphs compiled during the step itself
+      identical runs. The same sync also gives every 0-d input its own computed buffer unless it
+      already holds what the previous call returned: torch_xla uploads a 0-d host tensor
+      (`torch.tensor(0.9).to(dev)`, as optimizer hyperparameters are made) into a read-only
+      buffer that it caches by value and shares with every equal scalar, including constants the
+      step creates while tracing; the graph's hash covers both which buffers are shared and
+      which are read-only, so a state holding such scalars compiled once at call 1 and again at
+      call 2 (measured on a Llama + AdamW step: `[1, 1, 0, 0]`; now `[1, 0, 0, 0]`).
+      `Jitted.compile_count` counts graphs compiled during the step itself
       (torch_xla counter `UncachedCompile`), not the inputs' materialisation. Start the XLA
       runtime (`torch_xla.device()`) before the process runs any backward pass, even on CPU:
       autograd sizes its per-device queues on first use (ember rewords the resulting error).
@@ -67,6 +74,7 @@ import difflib
 import functools
 import time
 import types
+import weakref
 from typing import Any, Callable, Dict, Literal, Optional, Tuple, get_args
 
 import torch
@@ -278,6 +286,40 @@ def _make_entry(fn: Callable, donate: str) -> Callable:
     return _fresh_code(entry, name)
 
 
+def _own_scalar_buffers(inputs: list, owned: Dict[int, Tuple[weakref.ref, Any]]) -> None:
+    """Give each 0-d XLA input its own computed buffer, unless it holds what the last call returned.
+
+    torch_xla uploads a 0-d host tensor (`torch.tensor(0.9).to(dev)`) into a read-only device
+    buffer that it caches by value and shares with every other scalar of that value and dtype,
+    including the Python-number constants a traced step creates (`x * 0.9`, `torch.full((),
+    0.1)`). The graph's hash covers which parameters share a buffer and which are read-only, so a
+    step traced from such scalars differs from the same step traced from its own outputs (which
+    are private and writable), and the second call compiled again. Multiplying in place by one (a
+    no-op on the values; `logical_or` with itself for bool) leaves the tensor objects, and so a
+    donated state's identity, unchanged; the caller's `xla.sync(inputs)` then materialises the
+    results as new, private buffers. Tensors still holding the data the previous call returned
+    (the usual state leaves after call 1; `owned` maps their `id` to a weak reference and the data
+    id torch_xla gave them) are skipped, so a steady-state step launches no extra graph. Views are
+    skipped: their value is an IR node on their base, which the sync computes anyway.
+    """
+    import torch_xla
+
+    data_id = torch_xla._XLAC._unique_id_for_ir_and_data
+    seen = set()
+    with torch.no_grad():
+        for t in inputs:
+            if t.ndim != 0 or id(t) in seen or t._is_view():
+                continue
+            seen.add(id(t))
+            entry = owned.get(id(t))
+            if entry is not None and entry[0]() is t and entry[1] == data_id(t):
+                continue
+            if t.dtype == torch.bool:
+                t.logical_or_(t)
+            else:
+                t.mul_(1)
+
+
 class Jitted:
     """A function prepared by `jit`: call it like `fn`; see the module docstring for semantics.
 
@@ -300,6 +342,8 @@ class Jitted:
         self._entry = _make_entry(fn, donate)
         self._compile_seconds = 0.0
         self._xla_compiles = 0
+        # id -> (weak reference, torch_xla data id) of the 0-d tensors the last XLA call returned.
+        self._xla_owned: Dict[int, Tuple[weakref.ref, Any]] = {}
         self._counter: Optional[_CountingInductor] = None
         if backend == "inductor":
             self._counter = _CountingInductor(mode, options)
@@ -357,6 +401,8 @@ class Jitted:
     def _call_xla(self, args: tuple, kwargs: dict) -> Tuple[Any, bool]:
         from . import xla
 
+        torch_xla = xla.require_torch_xla("jit(backend='xla')")
+
         inputs = []
         for path, leaf in tree_flatten_with_path((args, kwargs))[0]:
             if not isinstance(leaf, Tensor):
@@ -371,7 +417,9 @@ class Jitted:
                 )
         # Materialise pending work on the inputs (e.g. optimizer zeros made lazily on the device)
         # so the step is traced from device data: otherwise call 1 would fold the inputs' own
-        # computation into its graph and call 2 would compile again.
+        # computation into its graph and call 2 would compile again. 0-d inputs uploaded from the
+        # host first get their own buffer (see _own_scalar_buffers), in the same graph.
+        _own_scalar_buffers(inputs, self._xla_owned)
         xla.sync(inputs)
         before = xla.compile_count()
         try:
@@ -384,8 +432,15 @@ class Jitted:
         # would also pick up any other live tensor with pending work (e.g. intermediates kept
         # alive by a reference cycle until the garbage collector runs), making the graph, and
         # so the compile count, depend on GC timing.
-        xla.sync([t for t in tree_leaves(out) if isinstance(t, Tensor)])
+        outputs = [t for t in tree_leaves(out) if isinstance(t, Tensor)]
+        xla.sync(outputs)
         self._xla_compiles += xla.compile_count() - before
+        data_id = torch_xla._XLAC._unique_id_for_ir_and_data
+        self._xla_owned = {
+            id(t): (weakref.ref(t), data_id(t))
+            for t in outputs
+            if t.ndim == 0 and t.device.type == "xla"
+        }
         return out
 
 

@@ -77,7 +77,9 @@ def _replacement(name: str, old: Tensor, value: Any) -> Tensor:
     new = _hyperparam_tensor(name, value, torch.device("cpu"))
     if _foreach.is_dtensor(old):
         return torch.full_like(old, new.item())  # host sync: outside the step, on a CPU scalar
-    # A host-to-device copy gives torch_xla device data, never a constant baked into the graph.
+    # On torch_xla a host-uploaded 0-d tensor is a graph constant (values 0 and 1) or a read-only
+    # buffer shared with equal scalars; ember.core.jit(backend="xla") gives such inputs their own
+    # buffers before tracing, so changing a hyperparameter this way never recompiles.
     return new.to(old.device)
 
 

@@ -67,6 +67,15 @@ def test_xla_compiles_on_first_step_only(step_run, donate):
 
 
 @pytest.mark.xla
+@pytest.mark.parametrize("donate", ["none", "state"])
+def test_xla_host_uploaded_scalar_state_compiles_once(step_run, donate):
+    """0-d hyperparameters uploaded from the host (cached, read-only, shared with the step's equal
+    constants in torch_xla) used to make call 2 compile again: [1, 1, 0, ...]; a later upload of a
+    new value too. jit gives such inputs their own buffers, so only call 1 compiles."""
+    assert step_run["host_scalars_compiles_per_step"][donate] == [1] + [0] * 7
+
+
+@pytest.mark.xla
 def test_xla_donation_updates_the_donated_tensors(step_run):
     run = step_run["state"]
     assert run["same_tensors"], "the returned state must hold the donated tensor objects"

@@ -5,7 +5,8 @@ eager reference losses and params after 20 steps; for donate="none" and donate="
 losses, params after 20 steps, compile counts per step / after 1 and 20 steps / after an lr
 change, timings, whether donation kept the tensors and how many buffers torch_xla aliased;
 the compiles per step of plain lazy tracing without ember's input sync (for the report); and
-the error for a CPU tensor argument.
+the error for a CPU tensor argument; and the compiles per call of a step whose state holds
+host-uploaded 0-d hyperparameters (`host_scalars_compiles_per_step`, per donate mode).
 `--timing-steps N` adds a steady-state timing loop of N steps (default 0, for the test).
 """
 
@@ -100,6 +101,60 @@ def run_without_presync(dev):
     return per_step
 
 
+def _hyper_step(state, x):
+    """An inject_hyperparams-like step: 0-d float32 hyperparameters in the state, a schedule.
+
+    `b1` and `max_norm` pass through unchanged; `wd` comes back as a computed copy (like
+    ember.optim's `_fresh`); `lr` is recomputed from the count by a warmup schedule built from
+    `torch.full` constants. The traced code also uses Python numbers equal to `b1` and `wd`
+    (0.9, 0.1), which torch_xla turns into device data shared with equal host-uploaded scalars.
+    """
+    hp = state["hp"]
+    count = state["count"]
+    warm = torch.full((), 0.01, device=count.device) * torch.minimum(
+        count.to(torch.float32) / 3.0, torch.full((), 1.0, device=count.device)
+    )
+    grad = state["w"] * 0.1 - x
+    norm = torch.linalg.vector_norm(grad)
+    grad = grad * torch.minimum(hp["max_norm"] / (norm + 1e-6), torch.ones((), device=grad.device))
+    mu = state["mu"] * 0.9 + (1 - hp["b1"]) * grad
+    w = state["w"] - warm * (mu + hp["wd"] * state["w"])
+    new_hp = {"b1": hp["b1"], "wd": hp["wd"] * 1.0, "lr": warm, "max_norm": hp["max_norm"]}
+    new = {"w": w, "mu": mu, "count": count + 1, "hp": new_hp}
+    return new, {"loss": (w**2).sum(), "lr": warm}
+
+
+def run_host_scalars(dev):
+    """Compiles per call of `_hyper_step` whose 0-d state leaves were uploaded from the host.
+
+    The state is built on the CPU and moved with `.to(dev)` (as `ember.core.device.to_device`
+    does): torch_xla turns 0-d tensors equal to 0 or 1 into constants and the others into
+    read-only buffers cached by value. At call 6 `wd` (by then a computed buffer) is replaced by a
+    new host upload (as `optim.set_hyperparams` does) of 0.9, equal to `b1` and to a constant of
+    the step, a buffer-sharing pattern no earlier call had: no recompile either.
+    """
+    out = {}
+    for donate in ("none", "state"):
+        state = {
+            "w": torch.linspace(-1, 1, 16).reshape(4, 4),
+            "mu": torch.zeros(4, 4),
+            "count": torch.zeros((), dtype=torch.int64),
+            "hp": {"b1": torch.tensor(0.9), "wd": torch.tensor(0.1), "lr": torch.tensor(0.0),
+                   "max_norm": torch.tensor(1.0)},
+        }
+        state = pytree.tree_map(lambda t: t.to(dev), state)
+        step = jit(_hyper_step, backend="xla", donate=donate)
+        per_step = []
+        for i in range(8):
+            if i == 5:
+                state = {**state, "hp": {**state["hp"], "wd": torch.tensor(0.9).to(dev)}}
+            before = step.compile_count
+            state, _ = step(state, torch.full((4, 4), 0.5 + i).to(dev))
+            per_step.append(step.compile_count - before)
+        out[donate] = per_step
+    return out
+
+
 def cpu_input_error(dev):
     """The message jit(backend="xla") gives for a CPU tensor among its arguments."""
     step = jit(m.train_step, backend="xla")
@@ -126,6 +181,7 @@ def main():
     for donate in ("none", "state"):
         out[donate] = run_xla(donate, dev, args.timing_steps)
     out["cpu_input_error"] = cpu_input_error(dev)
+    out["host_scalars_compiles_per_step"] = run_host_scalars(dev)
     out["eager_params_20"] = {k: v.tolist() for k, v in eager_state.params.items()}
     print(json.dumps(out))
 
