@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from ..core.config import DataConfig
 from .bpe import train_bpe

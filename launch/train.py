@@ -33,7 +33,7 @@ def main(argv=None):
     import torch
 
     import ember.models as models
-    from ember import data, optim
+    from ember import data
     from ember.core import TrainState, random
     from ember.core.config import parse_cli, to_dict
     from ember.core.device import device_for, to_device

@@ -61,6 +61,7 @@ from .base import TransformInitFn as TransformInitFn
 from .base import TransformUpdateFn as TransformUpdateFn
 from .base import apply_updates as apply_updates
 from .base import identity as identity
+from .base import stateless as stateless
 from .clipping import clip_by_block_rms as clip_by_block_rms
 from .clipping import clip_by_global_norm as clip_by_global_norm
 from .combining import chain as chain
@@ -141,6 +142,7 @@ __all__ = [
     "schedule_from_config",
     "set_hyperparams",
     "sgd",
+    "stateless",
     "trace",
     "warmup_cosine_decay_schedule",
 ]

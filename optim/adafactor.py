@@ -20,7 +20,7 @@ from ..core import pytree
 from ..core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from ..core.types import Params, Updates
 from . import _foreach
-from .base import NO_PARAMS_MSG, EmptyState, GradientTransformation, MaskedNode
+from .base import NO_PARAMS_MSG, GradientTransformation, MaskedNode, stateless
 
 __all__ = ["ScaleByFactoredRmsState", "scale_by_factored_rms", "scale_by_param_block_rms"]
 
@@ -183,20 +183,14 @@ def scale_by_param_block_rms(min_scale: Scalar = 1e-3) -> GradientTransformation
         ValueError: (from `update`) `params` is None.
     """
 
-    def init_fn(params: Params) -> EmptyState:
-        del params
-        return EmptyState()
-
-    def update_fn(
-        updates: Updates, state: EmptyState, params: Optional[Params] = None
-    ) -> Tuple[Updates, EmptyState]:
+    def scale_by_rms(updates: Updates, params: Optional[Params]) -> Updates:
         if params is None:
             raise ValueError(NO_PARAMS_MSG.format(name="scale_by_param_block_rms"))
         leaves, spec = tree_flatten(updates)
         if not leaves:
-            return updates, state
+            return updates
         rms = _foreach.per_leaf_rms(tree_leaves(params))
         factor = _foreach.scalar_map(lambda r: torch.clamp_min(r, min_scale), rms)
-        return tree_unflatten(list(torch._foreach_mul(leaves, factor)), spec), state
+        return tree_unflatten(list(torch._foreach_mul(leaves, factor)), spec)
 
-    return GradientTransformation(init_fn, update_fn)
+    return stateless(scale_by_rms)

@@ -37,6 +37,7 @@ __all__ = [
     "TransformUpdateFn",
     "apply_updates",
     "identity",
+    "stateless",
 ]
 
 ScalarOrSchedule = Union[float, Tensor, Schedule]
@@ -81,11 +82,20 @@ class MaskedNode:
     """
 
 
-def identity() -> GradientTransformation:
-    """A transformation that returns the updates unchanged (and keeps an `EmptyState`).
+def stateless(f: Callable[[Updates, Optional[Params]], Updates]) -> GradientTransformation:
+    """A transformation with no state from `f(updates, params) -> updates` (it keeps an `EmptyState`).
+
+    Args:
+        f: a pure function of the updates and the (optional) params.
 
     Returns:
-        The identity `GradientTransformation`.
+        A `GradientTransformation` whose `init` returns `EmptyState()` and whose `update` applies `f`.
+
+    Example:
+        >>> import torch
+        >>> halve = stateless(lambda updates, params: {k: v / 2 for k, v in updates.items()})
+        >>> halve.update({"w": torch.ones(2)}, halve.init({}))[0]["w"].tolist()
+        [0.5, 0.5]
     """
 
     def init_fn(params: Params) -> EmptyState:
@@ -95,7 +105,15 @@ def identity() -> GradientTransformation:
     def update_fn(
         updates: Updates, state: EmptyState, params: Optional[Params] = None
     ) -> Tuple[Updates, EmptyState]:
-        del params
-        return updates, state
+        return f(updates, params), state
 
     return GradientTransformation(init_fn, update_fn)
+
+
+def identity() -> GradientTransformation:
+    """A transformation that returns the updates unchanged (and keeps an `EmptyState`).
+
+    Returns:
+        The identity `GradientTransformation`.
+    """
+    return stateless(lambda updates, params: updates)

@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -25,7 +25,7 @@ from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tree_math import global_norm
 from ..core.types import Params, Updates
 from . import _foreach
-from .base import EmptyState, GradientTransformation
+from .base import GradientTransformation, stateless
 
 __all__ = ["clip_by_block_rms", "clip_by_global_norm"]
 
@@ -57,22 +57,16 @@ def clip_by_global_norm(max_norm: Union[float, Tensor]) -> GradientTransformatio
     """
     _check_positive("clip_by_global_norm", "max_norm", max_norm)
 
-    def init_fn(params: Params) -> EmptyState:
-        del params
-        return EmptyState()
-
-    def update_fn(
-        updates: Updates, state: EmptyState, params: Optional[Params] = None
-    ) -> Tuple[Updates, EmptyState]:
+    def clip(updates: Updates, params: Optional[Params]) -> Updates:
         del params
         leaves, spec = tree_flatten(updates)
         if not leaves:
-            return updates, state
+            return updates
         norm = global_norm(leaves)
         factor = torch.where(norm < max_norm, 1.0, max_norm / norm)
-        return tree_unflatten(_foreach.mul(leaves, factor), spec), state
+        return tree_unflatten(_foreach.mul(leaves, factor), spec)
 
-    return GradientTransformation(init_fn, update_fn)
+    return stateless(clip)
 
 
 def clip_by_block_rms(threshold: Union[float, Tensor]) -> GradientTransformation:
@@ -89,19 +83,13 @@ def clip_by_block_rms(threshold: Union[float, Tensor]) -> GradientTransformation
     """
     _check_positive("clip_by_block_rms", "threshold", threshold)
 
-    def init_fn(params: Params) -> EmptyState:
-        del params
-        return EmptyState()
-
-    def update_fn(
-        updates: Updates, state: EmptyState, params: Optional[Params] = None
-    ) -> Tuple[Updates, EmptyState]:
+    def clip(updates: Updates, params: Optional[Params]) -> Updates:
         del params
         leaves, spec = tree_flatten(updates)
         if not leaves:
-            return updates, state
+            return updates
         rms = _foreach.per_leaf_rms(leaves)
         denom = _foreach.scalar_map(lambda r: torch.clamp_min(r / threshold, 1.0), rms)
-        return tree_unflatten(list(torch._foreach_div(leaves, denom)), spec), state
+        return tree_unflatten(list(torch._foreach_div(leaves, denom)), spec)
 
-    return GradientTransformation(init_fn, update_fn)
+    return stateless(clip)

@@ -21,7 +21,7 @@ from ..core import pytree
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.types import Params, Schedule, Updates
 from . import _foreach
-from .base import EmptyState, GradientTransformation, ScalarOrSchedule
+from .base import GradientTransformation, ScalarOrSchedule, stateless
 from .hyperparams import _eval_schedule
 
 __all__ = [
@@ -56,17 +56,7 @@ def scale(step_size: Union[float, Tensor]) -> GradientTransformation:
             f"For a schedule use scale_by_schedule(schedule) or scale_by_learning_rate(schedule)."
         )
 
-    def init_fn(params: Params) -> EmptyState:
-        del params
-        return EmptyState()
-
-    def update_fn(
-        updates: Updates, state: EmptyState, params: Optional[Params] = None
-    ) -> Tuple[Updates, EmptyState]:
-        del params
-        return _scale_leaves(updates, step_size), state
-
-    return GradientTransformation(init_fn, update_fn)
+    return stateless(lambda updates, params: _scale_leaves(updates, step_size))
 
 
 @pytree.dataclass

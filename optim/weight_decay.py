@@ -14,14 +14,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 from torch import Tensor
 
 from ..core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from ..core.types import Params, Updates
 from . import _foreach
-from .base import NO_PARAMS_MSG, EmptyState, GradientTransformation
+from .base import NO_PARAMS_MSG, GradientTransformation, stateless
 from .masking import Mask, masked
 
 __all__ = ["add_decayed_weights"]
@@ -56,18 +56,12 @@ def add_decayed_weights(
             f"inject_hyperparams(add_decayed_weights, static_args='mask')(weight_decay=schedule)."
         )
 
-    def init_fn(params: Params) -> EmptyState:
-        del params
-        return EmptyState()
-
-    def update_fn(
-        updates: Updates, state: EmptyState, params: Optional[Params] = None
-    ) -> Tuple[Updates, EmptyState]:
+    def decay(updates: Updates, params: Optional[Params]) -> Updates:
         if params is None:
             raise ValueError(NO_PARAMS_MSG.format(name="add_decayed_weights"))
         leaves, spec = tree_flatten(updates)
         decayed = _foreach.add_scaled(leaves, tree_leaves(params), weight_decay)
-        return tree_unflatten(decayed, spec), state
+        return tree_unflatten(decayed, spec)
 
-    tx = GradientTransformation(init_fn, update_fn)
+    tx = stateless(decay)
     return tx if mask is None else masked(tx, mask)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
-import torch
 
 from ..metrics_log import MetricsWriter
 from ..types import Batch, Metrics, PyTree
