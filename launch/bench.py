@@ -36,7 +36,8 @@ def parse_args(argv):
     p.add_argument("--title", help="section title in --markdown (default: the config name)")
     p.add_argument("--quick", action="store_true", help="tiny warm-up and iteration counts (CI smoke)")
     p.add_argument("--variants", help="comma-separated variant names (default: see module docstring)")
-    p.add_argument("--memory", action="store_true", help="transient memory at peak, fresh process per variant")
+    p.add_argument("--memory", nargs="?", const="all", help="transient memory at peak, fresh process per variant "
+                   "(all timed variants, or a comma-separated subset)")
     p.add_argument("--warmup", type=int, help="warm-up rounds after the first call (default 3, quick 1)")
     p.add_argument("--iters", type=int, help="timed rounds (default 20, quick 3)")
     p.add_argument("--xla-steps", type=int, help="timed ember_xla steps (default 50, quick 5)")
@@ -80,7 +81,8 @@ def run(args, argv, s, lib):
                       title=args.title or args.config, command="python launch/bench.py " + shlex.join(argv),
                       notes={v.name: v.notes for v in variants})
     if args.memory:
-        res["memory"] = {n: run_child(argv, f"memory:{n}") for n in names}
+        mem = names if args.memory == "all" else args.memory.split(",")
+        res["memory"] = {n: run_child(argv, f"memory:{n}") for n in mem}
     if want_xla:
         x = res["ember_xla"] = run_child(argv, "xla", env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"})
         print(f"ember_xla: {x['compiles_first_call']} compile(s) in the first call, "

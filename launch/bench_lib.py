@@ -103,7 +103,8 @@ def _optim_cfg(cfg: Any, schedule: str = "constant") -> Any:
 # ---- ember ---------------------------------------------------------------------------------
 
 
-def _ember(s: Setup, *, backend: str, donate: str = "state", compute_dtype: Optional[torch.dtype] = None) -> Variant:
+def _ember(s: Setup, *, backend: str, donate: str = "state", compute_dtype: Optional[torch.dtype] = None,
+           skip_nonfinite: bool = True) -> Variant:
     from ember.core import TrainState, jit, random
     from ember.core.step_fns import train_step
     from ember.core.tree_math import tree_bytes
@@ -113,7 +114,7 @@ def _ember(s: Setup, *, backend: str, donate: str = "state", compute_dtype: Opti
     tx = from_config(_optim_cfg(s.cfg), total_steps=10_000)
     params = tree_map(torch.clone, s.params)
     box = [TrainState.create(params=params, tx=tx, key=random.key(s.cfg.seed, device=s.device))]
-    step = jit(train_step(lm_loss(s.model), skip_nonfinite=True, compute_dtype=compute_dtype),
+    step = jit(train_step(lm_loss(s.model), skip_nonfinite=skip_nonfinite, compute_dtype=compute_dtype),
                backend=backend, donate=donate)
 
     def run() -> torch.Tensor:
@@ -122,7 +123,8 @@ def _ember(s: Setup, *, backend: str, donate: str = "state", compute_dtype: Opti
         return metrics["loss"]
 
     return Variant("", run, lambda: tree_bytes(box[0]), device=s.device.type,
-                   notes=f"ember.core.jit(train_step, backend={backend!r}, donate={donate!r})")
+                   notes=f"ember.core.jit(train_step(skip_nonfinite={skip_nonfinite}), backend={backend!r}, "
+                         f"donate={donate!r})")
 
 
 # ---- idiomatic PyTorch on the same model ----------------------------------------------------
@@ -299,6 +301,7 @@ def _jax(s: Setup) -> Variant:
 VARIANTS: Dict[str, Callable[[Setup], Variant]] = {
     "ember_inductor_donated": lambda s: _ember(s, backend="inductor"),
     "ember_inductor": lambda s: _ember(s, backend="inductor", donate="none"),
+    "ember_inductor_donated_noskip": lambda s: _ember(s, backend="inductor", skip_nonfinite=False),
     "ember_eager": lambda s: _ember(s, backend="eager"),
     "ember_inductor_bf16": lambda s: _ember(s, backend="inductor", compute_dtype=torch.bfloat16),
     "torch_compiled": lambda s: _torch(s, compile=True),
