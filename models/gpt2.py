@@ -43,10 +43,12 @@ from typing import Any, Literal, Optional
 import torch
 from torch import Tensor
 
+from ..core.partition_specs import constrain
 from ..core.types import Key, Params
 from . import _config_checks as checks
 from ._checks import check_tokens
 from .layers import MLP, Attention, Block, Dropout, Embedding, LayerNorm, Module, Sequential, Stacked
+from .layers.block import RESIDUAL_AXES
 from .layers import initializers as inits
 from .registry import arch, get_config, register_family, replace_config
 
@@ -164,7 +166,7 @@ class GPT2(Module):
             kwargs["positions"] = torch.arange(tokens.shape[1], device=tokens.device)  # (T,)
         x = self.call("wte", params, tokens, **kwargs)  # (B, T, d)
         x = x + self.call("wpe", params, kwargs["positions"], **kwargs)  # (B, T, d) + (T or B, T, d)
-        x = self.call("drop", params, x, key=key, **kwargs)
+        x = constrain(self.call("drop", params, x, key=key, **kwargs), RESIDUAL_AXES)
         x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
         x = self.call("ln_f", params, x, **kwargs)
         return self.children["wte"].attend(params["wte"], x).float()  # (B, T, V), tied to wte

@@ -45,6 +45,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from ..core.partition_specs import constrain
 from ..core.types import Key, Params
 from . import _config_checks as checks
 from ._checks import check_tokens
@@ -62,6 +63,7 @@ from .layers import (
     SwiGLU,
 )
 from .layers import initializers as inits
+from .layers.block import RESIDUAL_AXES
 from .registry import arch, get_config, register_family, replace_config
 
 __all__ = ["Llama3", "Llama3Config", "build_llama3"]
@@ -190,7 +192,7 @@ class Llama3(Module):
         check_tokens(tokens, max_seq_len=self.config.max_seq_len, field="Llama3Config.max_seq_len")
         if kwargs.get("positions") is None:
             kwargs["positions"] = torch.arange(tokens.shape[1], device=tokens.device)  # (T,)
-        x = self.call("wte", params, tokens, **kwargs)  # (B, T, d)
+        x = constrain(self.call("wte", params, tokens, **kwargs), RESIDUAL_AXES)  # (B, T, d)
         x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
         x = self.call("ln_f", params, x, **kwargs)
         if self.config.tie_embeddings:

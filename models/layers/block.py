@@ -24,11 +24,15 @@ from typing import Any, Optional
 
 from torch import Tensor
 
+from ...core.partition_specs import constrain
 from ...core.types import Key, Params
 from .dropout import Dropout
 from .module import Module
 
-__all__ = ["Block"]
+__all__ = ["Block", "RESIDUAL_AXES"]
+
+RESIDUAL_AXES = ("batch", "sequence", "embed")
+"""Logical axes of the residual stream, constrained after each branch (whole under tensor parallelism)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +67,7 @@ class Block(Module):
         """Args: x: (B, T, d). Returns: (B, T, d)."""
         h = self.call("ln_1", params, x, key=key, **kwargs)
         h = self.call("attn", params, h, key=key, **kwargs)
-        x = x + self.call("drop_1", params, h, key=key, **kwargs)
+        x = constrain(x + self.call("drop_1", params, h, key=key, **kwargs), RESIDUAL_AXES)
         h = self.call("ln_2", params, x, key=key, **kwargs)
         h = self.call("mlp", params, h, key=key, **kwargs)
-        return x + self.call("drop_2", params, h, key=key, **kwargs)
+        return constrain(x + self.call("drop_2", params, h, key=key, **kwargs), RESIDUAL_AXES)

@@ -76,4 +76,4 @@ class Embedding(Module):
 
     def attend(self, params: Params, x: Tensor) -> Tensor:
         """Scores against every row: `x @ weight.T`. Args: x: (..., features). Returns: (..., num_embeddings)."""
-        return F.linear(x, params["weight"])
+        return F.linear(x, self.gathered(params)["weight"])

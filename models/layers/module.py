@@ -56,6 +56,7 @@ from typing import Any, Dict, Mapping, Optional, Union
 
 
 from ...core import pytree, random
+from ...core.partition_specs import constrain, current_sharding
 from ...core.types import Key, Params, PyTree
 from .param import Param
 
@@ -74,7 +75,7 @@ def path_key(key: Key, path: str) -> Key:
 
 
 _RESERVED = frozenset(
-    {"apply", "axes", "call", "children", "declare", "has_params", "init", "init_at", "param_shapes",
+    {"apply", "axes", "call", "children", "declare", "gathered", "has_params", "init", "init_at", "param_shapes",
      "param_specs", "validate"}
 )
 
@@ -193,11 +194,26 @@ class Module:
                 out[name] = child.init_at(key, sub)
         return out
 
+    def gathered(self, params: Params) -> Params:
+        """`params` with this layer's own parameters laid out as the active compute rules say.
+
+        Under FSDP that is the per-layer all-gather of weights stored sharded; without an active
+        sharding (`ember.core.partition_specs.use_sharding`) it is `params` itself. `call` does it
+        for every sub-layer, so `apply` code never has to.
+        """
+        out = dict(params)
+        for name, child in self._children.items():
+            if isinstance(child, Param) and child.axes is not None and name in out:
+                out[name] = constrain(out[name], child.axes)
+        return out
+
     def call(
         self, name: str, params: Params, *args: Any, key: Optional[Key] = None, **kwargs: Any
     ) -> Any:
         """Apply the sub-layer `name` on `params[name]`, with a key folded by `name`, forwarding kwargs."""
         child = self._children[name]
         sub_params = params[name] if child.has_params else {}
+        if current_sharding() is not None and child.has_params:
+            sub_params = child.gathered(sub_params)
         sub_key = None if key is None else random.fold_in(key, self._salts[name])
         return child.apply(sub_params, *args, key=sub_key, **kwargs)
