@@ -1,13 +1,14 @@
 """ember.core: pytrees, keys, transforms, jit, TrainState, run configs and testing helpers.
 
 Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `scan`,
-`stack_trees`, `unstack_trees`, `device_for`, `to_device`, and the modules `pytree`, `random`,
-`tree_math`, `config`, `testing`, `step_fns`, `types`.
+`stack_trees`, `unstack_trees`, `device_for`, `to_device`, `Mesh`, `MeshError`, and the modules
+`pytree`, `random`, `tree_math`, `config`, `testing`, `step_fns`, `partition_specs`, `types`.
 
 `core` imports nothing else from ember.
 """
 
 from . import config as config
+from . import partition_specs as partition_specs
 from . import pytree as pytree
 from . import random as random
 from . import step_fns as step_fns
@@ -18,6 +19,8 @@ from .device import device_for as device_for
 from .device import to_device as to_device
 from .jit import Jitted as Jitted
 from .jit import jit as jit
+from .mesh import Mesh as Mesh
+from .mesh import MeshError as MeshError
 from .train_state import TrainState as TrainState
 from .transforms import grad as grad
 from .transforms import remat as remat
@@ -34,6 +37,8 @@ from .types import PyTree as PyTree
 __all__ = [
     "Jitted",
     "Key",
+    "Mesh",
+    "MeshError",
     "Metrics",
     "Params",
     "PyTree",
@@ -42,6 +47,7 @@ __all__ = [
     "device_for",
     "grad",
     "jit",
+    "partition_specs",
     "pytree",
     "random",
     "remat",

@@ -201,10 +201,13 @@ class Module:
         sharding (`ember.core.partition_specs.use_sharding`) it is `params` itself. `call` does it
         for every sub-layer, so `apply` code never has to.
         """
+        own = [(n, c.axes) for n, c in self._children.items() if isinstance(c, Param) and c.axes is not None]
+        if not own:
+            return params  # a container (e.g. Sequential's list): its sub-layers gather their own
         out = dict(params)
-        for name, child in self._children.items():
-            if isinstance(child, Param) and child.axes is not None and name in out:
-                out[name] = constrain(out[name], child.axes)
+        for name, axes in own:
+            if name in out:
+                out[name] = constrain(out[name], axes)
         return out
 
     def call(
