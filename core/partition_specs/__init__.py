@@ -3,7 +3,7 @@
 Public names: `PartitionSpec`, `Rules`, `ShardingRuleError`, `resolve`, `resolve_tree`, `Layout`,
 `ACTIVATION_RULES`, `data_parallel`, `fsdp`, `tensor_parallel`, `fsdp_tp`, `for_mesh`, `Sharding`,
 `Lowering`, `shard`, `shard_batch`, `constrain`, `use_sharding`, `current_sharding`,
-`specs_like_params`.
+`specs_like_params`, `axes_from_rules` (path-pattern rules for bridged modules).
 
 The pieces, in order: a model names each parameter's dimensions (`model.axes`, logical names such
 as `("mlp", "embed")`); ordered rules map logical names to mesh axes (`rules.py`, Flax semantics,
@@ -25,6 +25,7 @@ from .layouts import for_mesh as for_mesh
 from .layouts import fsdp as fsdp
 from .layouts import fsdp_tp as fsdp_tp
 from .layouts import tensor_parallel as tensor_parallel
+from .path_rules import axes_from_rules as axes_from_rules
 from .rules import Rules as Rules
 from .rules import ShardingRuleError as ShardingRuleError
 from .rules import resolve as resolve
@@ -47,6 +48,7 @@ __all__ = [
     "Rules",
     "Sharding",
     "ShardingRuleError",
+    "axes_from_rules",
     "constrain",
     "current_sharding",
     "data_parallel",

@@ -87,3 +87,29 @@ def test_indivisible_model_on_a_mesh_names_the_parameter():
         resolve_tree(model.axes, for_mesh(("tp",)).params, mesh_sizes={"tp": 3}, shapes=model.param_shapes())
     with pytest.raises(ShardingRuleError, match="mesh axis 'sp' is not used by the ready-made layout"):
         for_mesh(("dp", "sp"))
+
+
+def test_path_pattern_rules_give_a_bridged_module_axes_the_layout_can_place():
+    import torch
+
+    from ember.models.bridge import from_torch
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq, self.wk, self.wv = (torch.nn.Linear(8, 8, bias=False) for _ in range(3))
+            self.wo = torch.nn.Linear(8, 8, bias=False)
+
+    net = torch.nn.Module()
+    net.blocks = torch.nn.ModuleList([torch.nn.Module() for _ in range(2)])
+    for b in net.blocks:
+        b.attn = Attn()
+        b.norm = torch.nn.LayerNorm(8)
+    rules = [(r"blocks\.\d+\.attn\.w[qkv]\.weight$", ("heads", "embed")),
+             (r"blocks\.\d+\.attn\.wo\.weight$", ("embed", "heads"))]
+    model, params = from_torch(net, axes_rules=rules, default_axes="replicated")
+    specs = dict(tree_leaves_with_path(resolve_tree(model.axes, for_mesh(("fsdp", "tp")).params,
+                                                    mesh_sizes={"fsdp": 2, "tp": 2}, shapes=params)))
+    assert specs["blocks.1.attn.wk.weight"] == P("tp", "fsdp")
+    assert specs["blocks.1.attn.wo.weight"] == P("fsdp", "tp")
+    assert specs["blocks.0.norm.weight"] == P(None)

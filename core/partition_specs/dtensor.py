@@ -1,0 +1,186 @@
+"""`DTensorLowering`: run a `PartitionSpec` as DTensor placements on a torch.distributed `DeviceMesh`.
+
+Public names: `DTensorLowering`, `placements`.
+
+The lowering is thin (ember convention 12): it turns a spec into one placement per mesh
+dimension and calls DTensor. A tensor dimension `d` whose spec entry names mesh axis `a` gets
+`Shard(d)` on `a`'s mesh dimension; every mesh dimension no tensor dimension uses is `Replicate()`.
+A dimension split over two mesh axes (`("dp", "fsdp")`, major first) gets `Shard(d)` on both,
+which DTensor applies in mesh order, so the major axis must also come first in the mesh.
+
+    spec                     mesh dp=2,fsdp=2,tp=2       placements
+    PartitionSpec("tp", "fsdp")                          [Replicate(), Shard(1), Shard(0)]
+    PartitionSpec(("dp", "fsdp"), None, None)            [Shard(0), Shard(0), Replicate()]
+
+One process per device, started by `torchrun` (or any launcher that initialises the default
+process group: NCCL on GPUs, gloo on CPU). Inside compute, `constrain` is `redistribute`
+(FSDP's per-layer all-gather, the tensor-parallel all-reduce of the residual stream), and
+`context()` is DTensor's `implicit_replication()`, so the plain tensors a model makes on the fly
+(an `arange` of positions, a causal mask) combine with DTensors as if replicated.
+
+Example (two gloo processes; see `tests/partition_specs/test_dtensor_matrix.py`):
+
+    mesh = Mesh.parse("fsdp=2", devices=dist.get_world_size(), backend="dtensor")
+    sharding = Sharding(mesh, for_mesh(mesh.names))         # builds DTensorLowering(mesh)
+    state = shard(state, sharding, axes=model.axes)
+    with use_sharding(sharding):
+        state, metrics = step(state, shard_batch(batch, sharding))
+"""
+
+from __future__ import annotations
+
+from typing import Any, ContextManager, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..mesh import Mesh
+from .rules import ShardingRuleError
+from .spec import PartitionSpec
+
+__all__ = ["DTensorLowering", "placements"]
+
+_MSG_NO_PROCESS_GROUP = (
+    "the DTensor backend needs an initialised torch.distributed process group (one process per "
+    "device), but none is running. Start the script with torchrun, e.g. `torchrun --nproc-per-node "
+    "{n} launch/train.py --mesh {mesh}`, or call torch.distributed.init_process_group('gloo' on CPU, "
+    "'nccl' on GPUs) before building the Sharding. For a single process use no mesh at all."
+)
+
+
+def placements(spec: PartitionSpec, mesh_names: Sequence[str], *, ndim: int) -> List[Any]:
+    """One DTensor placement per mesh axis for a tensor of `ndim` dimensions laid out as `spec`.
+
+    Args:
+        spec: the tensor's `PartitionSpec` (one entry per dimension).
+        mesh_names: the mesh axis names, in mesh order.
+        ndim: the tensor's number of dimensions.
+
+    Returns:
+        A list, in mesh order, of `Shard(d)` (tensor dim `d` is split over that mesh axis) or
+        `Replicate()`.
+
+    Raises:
+        ShardingRuleError: the spec has the wrong length, names an axis the mesh lacks, uses one
+            axis twice, or splits a dimension over several axes in an order other than the mesh's.
+
+    Example:
+        >>> placements(PartitionSpec("tp", ("dp", "fsdp")), ("dp", "fsdp", "tp"), ndim=2)
+        [Shard(dim=1), Shard(dim=1), Shard(dim=0)]
+    """
+    from torch.distributed.tensor import Replicate, Shard
+
+    spec = PartitionSpec(*spec)
+    names = tuple(mesh_names)
+    if len(spec) != ndim:
+        raise ShardingRuleError(
+            f"{spec} has {len(spec)} entries but the tensor has {ndim} dimensions; give one entry (None, "
+            f"a mesh axis or a tuple of axes) per dimension."
+        )
+    out: List[Any] = [Replicate() for _ in names]
+    used = {}
+    for d in range(ndim):
+        axes = spec.mesh_axes_of(d)
+        for a in axes:
+            if a not in names:
+                raise ShardingRuleError(
+                    f"{spec}: dimension {d} names mesh axis {a!r}, but the mesh has axes {names}; fix the rule "
+                    f"or add {a}=1 to the mesh."
+                )
+            if a in used:
+                raise ShardingRuleError(
+                    f"{spec}: mesh axis {a!r} splits both dimension {used[a]} and dimension {d}; a mesh axis "
+                    f"can split at most one dimension of a tensor."
+                )
+            used[a] = d
+            out[names.index(a)] = Shard(d)
+        order = [names.index(a) for a in axes]
+        if order != sorted(order):
+            raise ShardingRuleError(
+                f"{spec}: dimension {d} is split over {axes} (major first), but the mesh orders those axes "
+                f"{tuple(sorted(axes, key=names.index))}; DTensor splits in mesh order. Write the tuple in "
+                f"mesh order, {tuple(sorted(axes, key=names.index))}, or reorder the mesh axes."
+            )
+    return out
+
+
+def _is_dtensor(x: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(x, DTensor)
+
+
+class DTensorLowering:
+    """The `Lowering` of `ember.core.partition_specs.sharding` on a torch.distributed `DeviceMesh`.
+
+    Builds `init_device_mesh(device_type, mesh.shape, mesh_dim_names=mesh.names)` over the
+    running process group ("cuda" when a GPU is visible, else "cpu").
+
+    Args:
+        mesh: the ember `Mesh` (backend "dtensor"); its size must equal the world size.
+
+    Raises:
+        RuntimeError: no process group is initialised (start with torchrun).
+        MeshError: the mesh does not use exactly the world size.
+    """
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(_MSG_NO_PROCESS_GROUP.format(n=mesh.size, mesh=mesh))
+        mesh.validate(dist.get_world_size())
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        self._device_mesh = init_device_mesh(self.device_type, mesh.shape, mesh_dim_names=mesh.names)
+
+    @property
+    def device_mesh(self) -> Any:
+        """The torch.distributed `DeviceMesh` (dimension names are the mesh axis names)."""
+        return self._device_mesh
+
+    def __repr__(self) -> str:
+        return f"DTensorLowering({self.mesh!r}, device_type={self.device_type!r})"
+
+    def placements(self, spec: PartitionSpec, ndim: int) -> List[Any]:
+        """`placements(spec, mesh.names, ndim=ndim)`: one DTensor placement per mesh axis."""
+        return placements(spec, self.mesh.names, ndim=ndim)
+
+    def place(self, x: torch.Tensor, spec: PartitionSpec) -> torch.Tensor:
+        """Distribute a full tensor, equal on every process, as `spec` (each rank slices its shard locally).
+
+        An existing DTensor is redistributed instead.
+        """
+        from torch.distributed.tensor import distribute_tensor
+
+        if _is_dtensor(x):
+            return x.redistribute(self._device_mesh, self.placements(spec, x.dim()))
+        # src_data_rank=None: every rank already holds the full value, so no broadcast/scatter.
+        return distribute_tensor(x.detach(), self._device_mesh, self.placements(spec, x.dim()), src_data_rank=None)
+
+    def constrain(self, x: torch.Tensor, spec: PartitionSpec) -> torch.Tensor:
+        """Redistribute a DTensor to `spec` (differentiable; no-op when already laid out so).
+
+        A plain tensor is returned unchanged: under `implicit_replication()` it acts as replicated.
+        """
+        if not _is_dtensor(x):
+            return x
+        want = tuple(self.placements(spec, x.dim()))
+        if tuple(x.placements) == want:
+            return x
+        return x.redistribute(self._device_mesh, want)
+
+    def local_shape(self, x: torch.Tensor) -> Tuple[int, ...]:
+        """The shape of this process's shard (the full shape for a plain tensor)."""
+        return tuple(x.to_local().shape) if _is_dtensor(x) else tuple(x.shape)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """The full tensor as a plain CPU tensor (a collective: call it on every process)."""
+        full = x.full_tensor() if _is_dtensor(x) else x
+        return full.detach().cpu()
+
+    def context(self) -> ContextManager[Any]:
+        """`implicit_replication()`: plain tensors mixed with DTensors count as replicated."""
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        return implicit_replication()
