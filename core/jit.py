@@ -112,7 +112,8 @@ _MSG_AUTOGRAD_BEFORE_XLA = (
     "pass (even on CPU) before the torch_xla runtime started; autograd then sized its device "
     "queues when XLA had 0 devices. Start the runtime first: call `torch_xla.device()` (after "
     "ember.core.xla.xla_cpu_devices(n) if you need n CPU devices) before any backward, e.g. "
-    "before computing an eager reference."
+    "before computing an eager reference. Under SPMD, build the `Sharding` (XlaLowering enables "
+    "SPMD and primes autograd) before any backward instead."
 )
 
 

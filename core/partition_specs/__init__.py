@@ -3,7 +3,8 @@
 Public names: `PartitionSpec`, `Rules`, `ShardingRuleError`, `resolve`, `resolve_tree`, `Layout`,
 `ACTIVATION_RULES`, `data_parallel`, `fsdp`, `tensor_parallel`, `fsdp_tp`, `for_mesh`, `Sharding`,
 `Lowering`, `shard`, `shard_batch`, `constrain`, `use_sharding`, `current_sharding`,
-`specs_like_params`, `axes_from_rules` (path-pattern rules for bridged modules).
+`specs_like_params`, `describe_sharding`, `sharding_table`, `ShardRow`, `memory_per_device`,
+`MemoryPerDevice`, `local_shape_of`, `axes_from_rules` (path-pattern rules for bridged modules).
 
 The pieces, in order: a model names each parameter's dimensions (`model.axes`, logical names such
 as `("mlp", "embed")`); ordered rules map logical names to mesh axes (`rules.py`, Flax semantics,
@@ -26,6 +27,12 @@ from .layouts import fsdp as fsdp
 from .layouts import fsdp_tp as fsdp_tp
 from .layouts import tensor_parallel as tensor_parallel
 from .path_rules import axes_from_rules as axes_from_rules
+from .report import MemoryPerDevice as MemoryPerDevice
+from .report import ShardRow as ShardRow
+from .report import describe_sharding as describe_sharding
+from .report import local_shape_of as local_shape_of
+from .report import memory_per_device as memory_per_device
+from .report import sharding_table as sharding_table
 from .rules import Rules as Rules
 from .rules import ShardingRuleError as ShardingRuleError
 from .rules import resolve as resolve
@@ -43,22 +50,28 @@ from .spec import PartitionSpec as PartitionSpec
 __all__ = [
     "ACTIVATION_RULES",
     "Layout",
+    "MemoryPerDevice",
     "Lowering",
     "PartitionSpec",
     "Rules",
     "Sharding",
+    "ShardRow",
     "ShardingRuleError",
     "axes_from_rules",
     "constrain",
     "current_sharding",
     "data_parallel",
+    "describe_sharding",
     "for_mesh",
+    "local_shape_of",
+    "memory_per_device",
     "fsdp",
     "fsdp_tp",
     "resolve",
     "resolve_tree",
     "shard",
     "shard_batch",
+    "sharding_table",
     "specs_like_params",
     "tensor_parallel",
     "use_sharding",

@@ -181,7 +181,9 @@ def specs_like_params(tree: Any, params: Any, param_specs: Any) -> Any:
 
 def _place_tree(tree: Any, specs: Any, lowering: Lowering) -> Any:
     leaves, treedef = tree_flatten(tree)
-    spec_leaves = tree_flatten(specs)[0]
+    spec_leaves = tree_flatten(specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))[0]
+    if len(spec_leaves) != len(leaves):
+        raise ValueError(f"internal: {len(spec_leaves)} specs for {len(leaves)} leaves")
     placed: Dict[int, torch.Tensor] = {}  # tied leaves (one tensor twice) stay one tensor
     out = []
     for x, spec in zip(leaves, spec_leaves):
