@@ -1,0 +1,191 @@
+"""Checkpoints for `launch/train.py` (and `tpu_pod.py`): build the manager, resume, save on schedule.
+
+    ckpt = build_manager(cfg)                                    # OUT/checkpoints, or None without --out
+    state = maybe_resume(ckpt, state, batches, cfg=cfg, resume=True, model_info=info)
+    state = train_loop(..., on_step_end=checkpoint_hook(ckpt, batches, cfg=cfg, writer=writer, model_info=info))
+    finish(ckpt, state, batches, cfg=cfg, writer=writer, model_info=info)   # last step, wait, close
+
+Run-config fields read (`TrainConfig`):
+    out               run directory; checkpoints go to `OUT/checkpoints` (none without it)
+    checkpoint_every  steps between checkpoints; 0: only the last step; < 0: never
+    keep              how many recent checkpoints to keep (0: all)
+    keep_best         also keep the best step by this metric: "eval_loss" (lower is better) or
+                      "eval_accuracy:max"; None: off
+    steps             the run's last step (always saved when checkpointing is on)
+
+Imported by sibling scripts as `import _checkpointing` (the launch folder is not a package).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from ember.core.checkpoint import CheckpointManager, model_info
+from ember.core.config import to_dict
+
+__all__ = ["build_manager", "checkpoint_dir", "checkpoint_hook", "finish", "maybe_resume", "model_info_for",
+           "save_if_due"]
+
+_IGNORED_ON_RESUME = {"steps", "out", "log_every", "eval_every", "eval_batches", "sample_tokens", "sample_prompt",
+                      "backend", "num_workers", "resume", "checkpoint_every", "keep", "keep_best"}
+
+
+def checkpoint_dir(cfg: Any) -> Optional[str]:
+    """`OUT/checkpoints`, or None when the run has no `out` or checkpointing is off."""
+    if cfg.out is None or cfg.checkpoint_every < 0:
+        return None
+    return os.path.join(cfg.out, "checkpoints")
+
+
+def _keep_best(spec: Optional[str]) -> Optional[Tuple[str, str]]:
+    if not spec:
+        return None
+    name, _, mode = spec.partition(":")
+    return name, mode or "min"
+
+
+def build_manager(cfg: Any, *, async_save: bool = True) -> Optional[CheckpointManager]:
+    """The run's `CheckpointManager` (None without `out` or with `checkpoint_every < 0`)."""
+    directory = checkpoint_dir(cfg)
+    if directory is None:
+        return None
+    every = cfg.checkpoint_every if cfg.checkpoint_every > 0 else max(cfg.steps, 1)
+    return CheckpointManager(directory, save_every=every, max_to_keep=cfg.keep or None,
+                             keep_best=_keep_best(cfg.keep_best), async_save=async_save)
+
+
+def model_info_for(cfg: Any, *, arch: Optional[str] = None) -> Dict[str, Any]:
+    """`model_info(cfg.family, cfg.model, arch=arch)`; `arch` is the run config's name (`--config`)."""
+    return model_info(cfg.family, cfg.model, arch=arch)
+
+
+def _config_changes(saved: Optional[Mapping[str, Any]], now: Mapping[str, Any], prefix: str = "") -> list:
+    if not saved:
+        return []
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        if k in _IGNORED_ON_RESUME or k == "__type__":
+            continue
+        a, b = saved.get(k, "<missing>"), now.get(k, "<missing>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_changes(a, b, prefix=f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
+
+
+def maybe_resume(
+    manager: Optional[CheckpointManager],
+    state: Any,
+    batches: Any,
+    *,
+    cfg: Any,
+    resume: bool,
+    model_info: Optional[Mapping[str, Any]] = None,
+    sharding: Any = None,
+    axes: Any = None,
+    log: Callable[[str], None] = print,
+) -> Any:
+    """The latest checkpoint's state (and data position) when `resume`; otherwise `state` as is.
+
+    Args:
+        manager: from `build_manager` (None: checkpointing off).
+        state: the freshly initialised state; its structure and `tx` are the restore template.
+        batches: the train batch iterator (`TorchBatches`); its position is restored.
+        cfg: the run config (config changes since the checkpoint are logged, not refused).
+        resume: `--resume`: continue from the latest checkpoint if there is one.
+        model_info: the current model's `model_info(...)`, to name differences on a mismatch.
+        sharding: place the restored state with this `Sharding` (and `axes=model.axes`).
+        log: where the one-line messages go.
+
+    Raises:
+        ValueError: `resume` without a checkpoint directory (no `--out`).
+        CheckpointError: the checkpoint does not fit the model (names the differing leaves).
+    """
+    if not resume:
+        return state
+    if manager is None:
+        raise ValueError("--resume needs a run directory with checkpoints: pass --out DIR (and keep "
+                         "checkpoint_every >= 0), the same DIR as the run being resumed.")
+    if manager.latest_step() is None:
+        log(f"resume: no checkpoint in {manager.directory} yet; starting from step 0.")
+        return state
+    state, data_state, meta = manager.restore(like=state, model_info=model_info, sharding=sharding, axes=axes)
+    if data_state is not None:
+        batches.set_state(data_state)
+    changes = _config_changes(meta.config, to_dict(cfg))
+    note = f" (config changed: {'; '.join(changes)})" if changes else ""
+    log(f"resumed from step {meta.step} of {manager.directory}{note}")
+    return state
+
+
+def _metrics_at(writer: Any, step: int) -> Dict[str, float]:
+    merged: Dict[str, float] = {}
+    for row in reversed(getattr(writer, "history", []) or []):
+        if row.get("step") != step:
+            break
+        merged = {**{k: v for k, v in row.items() if k != "step"}, **merged}
+    return merged
+
+
+def save_if_due(
+    manager: Optional[CheckpointManager],
+    step: int,
+    state: Any,
+    batches: Any,
+    *,
+    cfg: Any,
+    metrics: Optional[Mapping[str, Any]] = None,
+    model_info: Optional[Mapping[str, Any]] = None,
+    sharding: Any = None,
+    force: bool = False,
+) -> bool:
+    """Save step `step` when it is a multiple of `checkpoint_every` (or `force`); True if saved."""
+    if manager is None or (not force and not manager.should_save(step)) or step in manager.all_steps():
+        return False
+    return manager.save(step, state, data_state=batches.get_state(), config=cfg, model_info=model_info,
+                        metrics=metrics, force=force, sharding=sharding)
+
+
+def checkpoint_hook(
+    manager: Optional[CheckpointManager],
+    batches: Any,
+    *,
+    cfg: Any,
+    writer: Any = None,
+    model_info: Optional[Mapping[str, Any]] = None,
+    sharding: Any = None,
+) -> Optional[Callable[[int, Any], None]]:
+    """`on_step_end(step, state)` for `train_loop`: saves due steps with the metrics logged at them."""
+    if manager is None:
+        return None
+
+    def on_step_end(step: int, state: Any) -> None:
+        save_if_due(manager, step, state, batches, cfg=cfg, metrics=_metrics_at(writer, step),
+                    model_info=model_info, sharding=sharding)
+
+    return on_step_end
+
+
+def finish(
+    manager: Optional[CheckpointManager],
+    state: Any,
+    batches: Any,
+    *,
+    cfg: Any,
+    writer: Any = None,
+    model_info: Optional[Mapping[str, Any]] = None,
+    sharding: Any = None,
+) -> Optional[int]:
+    """Save the final step (if not saved yet), wait for every write, close; the last saved step."""
+    if manager is None:
+        return None
+    try:
+        step = int(state.step)  # host sync: once, at the end
+        save_if_due(manager, step, state, batches, cfg=cfg, metrics=_metrics_at(writer, step),
+                    model_info=model_info, sharding=sharding, force=True)
+        manager.wait()
+        return manager.latest_step()
+    finally:
+        manager.close()

@@ -1,0 +1,165 @@
+"""launch/ckpt.py (list, export to safetensors / Hugging Face) and launch/_checkpointing.py (the
+functions train.py calls: build the manager from a TrainConfig, resume, save on schedule, finish)."""
+
+import dataclasses
+import io
+import pathlib
+import sys
+from typing import Optional
+
+import pytest
+import torch
+
+from ember import data, optim
+from ember.core import TrainState, random
+from ember.core.checkpoint import CheckpointError, CheckpointManager
+from ember.core.config import DataConfig, OptimConfig, TrainConfig
+from ember.core.jit import jit
+from ember.core.metrics_log import MetricsWriter
+from ember.core.pytree import tree_leaves_with_path
+from ember.core.step_fns import train_loop, train_step
+from ember.models import build_model, get_config, lm_loss
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "launch"))
+import _checkpointing as C  # noqa: E402
+import ckpt as cli  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class CkptConfig(TrainConfig):
+    """TrainConfig plus the checkpoint fields launch/_checkpointing.py reads."""
+
+    checkpoint_every: int = 2
+    keep: int = 2
+    keep_best: Optional[str] = None
+
+
+def _cfg(out, **kw):
+    model = get_config("llama3", "tiny").replace(vocab_size=320, n_layers=1, d_model=32, n_heads=2, n_kv_heads=1,
+                                                 ffn_dim=64, max_seq_len=32)
+    kw = {"steps": 6, **kw}
+    return CkptConfig(family="llama3", model=model, optim=OptimConfig(warmup_steps=1),
+                      data=DataConfig(max_bytes=30_000, seq_len=16, batch_size=4), backend="eager",
+                      log_every=1, out=str(out), **kw)
+
+
+def _train(cfg, *, resume, stop_at=None, log=print):
+    """What train.py does around train_loop, with the checkpoint functions wired in; `stop_at`
+    ends the process early (the schedule still spans `cfg.steps`)."""
+    model = build_model(cfg.family, cfg.model)
+    tokenizer = data.build_tokenizer(cfg.data)
+    tx = optim.from_config(cfg.optim, total_steps=cfg.steps)
+    state = TrainState.create(params=model.init(random.key(cfg.seed)), tx=tx, key=random.key(1))
+    batches = data.build_batches(cfg.data, tokenizer=tokenizer)
+    ckpt = C.build_manager(cfg)
+    info = C.model_info_for(cfg, arch="test_tiny")
+    state = C.maybe_resume(ckpt, state, batches, cfg=cfg, resume=resume, model_info=info, log=log)
+    writer = MetricsWriter(None)
+    step = jit(train_step(lm_loss(model)), backend="eager", donate="state")
+    state = train_loop(step, state, batches, steps=stop_at or cfg.steps, writer=writer, log_every=1, progress=False,
+                       on_step_end=C.checkpoint_hook(ckpt, batches, cfg=cfg, writer=writer, model_info=info))
+    C.finish(ckpt, state, batches, cfg=cfg, writer=writer, model_info=info)
+    return state, [r["loss"] for r in writer.history]
+
+
+def test_train_stop_resume_matches_a_straight_run(tmp_path):
+    straight, losses = _train(_cfg(tmp_path / "a"), resume=False)
+    _train(_cfg(tmp_path / "b"), resume=False, stop_at=4)
+    messages = []
+    resumed, tail = _train(_cfg(tmp_path / "b"), resume=True, log=messages.append)
+    assert messages and messages[0].startswith("resumed from step 4 of ")
+    assert tail == losses[4:]
+    for (path, x), (_, y) in zip(tree_leaves_with_path(resumed), tree_leaves_with_path(straight)):
+        assert torch.equal(x, y), path
+    with CheckpointManager(tmp_path / "b" / "checkpoints", read_only=True) as ckpt:
+        assert ckpt.all_steps() == [4, 6]  # keep=2
+        meta = ckpt.read_meta(6)
+    assert meta.model["arch"] == "test_tiny" and meta.config["checkpoint_every"] == 2 and "loss" in meta.metrics
+
+
+def test_resume_without_a_checkpoint_starts_fresh_and_without_out_is_an_error(tmp_path):
+    cfg = _cfg(tmp_path / "fresh")
+    messages = []
+    manager = C.build_manager(cfg)
+    state = {"step": torch.tensor(0)}
+    assert C.maybe_resume(manager, state, None, cfg=cfg, resume=True, log=messages.append) is state
+    assert "no checkpoint" in messages[0]
+    manager.close()
+    off = dataclasses.replace(cfg, out=None)
+    assert C.build_manager(off) is None and C.build_manager(dataclasses.replace(cfg, checkpoint_every=-1)) is None
+    with pytest.raises(ValueError, match="--resume needs a run directory"):
+        C.maybe_resume(None, state, None, cfg=off, resume=True)
+
+
+def test_keep_best_from_the_config(tmp_path):
+    cfg = _cfg(tmp_path, keep=1, keep_best="eval_loss", checkpoint_every=1)
+    ckpt = C.build_manager(cfg)
+    for step, loss in [(1, 2.0), (2, 1.0), (3, 3.0)]:
+        assert C.save_if_due(ckpt, step, {"params": {"w": torch.ones(1)}}, _NoData(), cfg=cfg, metrics={"eval_loss": loss})
+    assert not C.save_if_due(ckpt, 3, {"params": {"w": torch.ones(1)}}, _NoData(), cfg=cfg)  # already saved
+    ckpt.wait()
+    assert ckpt.all_steps() == [2, 3] and ckpt.best_step() == 2
+    ckpt.close()
+
+
+class _NoData:
+    def get_state(self):
+        return {"next_batch": 0, "config": {}}
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    cfg = _cfg(out, steps=2)
+    state, _ = _train(cfg, resume=False)
+    return out / "checkpoints", state, cfg
+
+
+def test_list_shows_steps_model_params_and_metrics(saved_run):
+    directory, state, _ = saved_run
+    buf = io.StringIO()
+    assert cli.list_checkpoints(str(directory), out=buf) == [2]
+    text = buf.getvalue()
+    n_params = sum(x.numel() for _, x in tree_leaves_with_path(state.params))
+    assert "1 checkpoints in" in text and "llama3/test_tiny" in text and f"{n_params:,}" in text
+    assert "loss=" in text and "grad_norm=" in text
+
+
+def test_export_safetensors_holds_the_params(saved_run, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    directory, state, _ = saved_run
+    out = tmp_path / "model.safetensors"
+    cli.main(["export", str(directory), "--out", str(out)])
+    loaded = load_file(str(out))
+    expected = dict(tree_leaves_with_path(state.params))
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+    with safe_open(str(out), "pt") as f:
+        assert f.metadata()["step"] == "2"
+
+
+def test_export_hf_round_trips_through_from_hf(saved_run, tmp_path):
+    from ember.models import from_hf
+
+    directory, state, cfg = saved_run
+    cli.main(["export", str(directory), "--step", "2", "--hf", "--out", str(tmp_path / "hf")])
+    model, params = from_hf(str(tmp_path / "hf"))
+    assert model.config.d_model == cfg.model.d_model
+    for (path, x), (_, y) in zip(tree_leaves_with_path(params), tree_leaves_with_path(state.params)):
+        assert torch.equal(x, y), path
+
+
+def test_cli_errors_name_the_problem(saved_run, tmp_path):
+    directory, _, _ = saved_run
+    with pytest.raises(CheckpointError, match=r"no checkpoint for step 9 .*saved steps: 2"):
+        cli.main(["export", str(directory), "--step", "9", "--out", str(tmp_path / "x.safetensors")])
+    with pytest.raises(CheckpointError, match=r"does not exist"):
+        cli.main(["list", str(tmp_path / "missing")])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(CheckpointError, match=r"holds no ember checkpoint \(it contains metrics.jsonl\)"):
+        cli.main(["list", str(tmp_path / "run")])
+    assert not (tmp_path / "x.safetensors").exists()
