@@ -5,6 +5,7 @@
     python launch/train.py --model.n_layers 2 --optim.learning_rate 1e-3 --backend eager
     python launch/train.py --import my_pkg --config my_config  # a family / config from your package
     python launch/train.py --dry-run                          # parameters, axes, memory; no step
+    torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=2,tp=2   # DTensor: see launch/_sharded.py
 
 Every config field is a flag (`--help` lists them). The pieces are importable for your own script:
 `ember.models.build_model`, `ember.optim.from_config`, `ember.data.build_batches`,
@@ -18,6 +19,8 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling helpers, also when imported
+
 
 def parse_launcher_args(argv):
     """Split off the launcher's own flags; the rest are config overrides for tyro."""
@@ -25,6 +28,7 @@ def parse_launcher_args(argv):
     p.add_argument("--config", default="llama3_tiny")
     p.add_argument("--import", dest="imports", action="append", default=[])
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--mesh", default=None)  # under torchrun: e.g. dp=2,tp=2 (default dp=-1)
     return p.parse_known_args(argv)
 
 
@@ -42,6 +46,8 @@ def main(argv=None):
     from ember.core.metrics_log import MetricsWriter, plot_losses
     from ember.core.step_fns import eval_step, evaluate, generate, train_loop, train_step
 
+    import _sharded
+
     for name in args.imports:
         importlib.import_module(name)  # registers the user's families, archs, configs, collators
     cfg = parse_cli(args.config, overrides, description=__doc__)
@@ -50,33 +56,42 @@ def main(argv=None):
     if args.dry_run:
         print(models.describe(model))
         return None
+    sharding = _sharded.setup(args.mesh)  # None unless under torchrun or --mesh; before any device tensor
+    main_rank = _sharded.is_main()  # only rank 0 writes files and prints
     tokenizer = data.build_tokenizer(cfg.data)
     models.check_lm_data(model, seq_len=cfg.data.seq_len, vocab_size=tokenizer.vocab_size)
     device = device_for(cfg.backend)
     params = to_device(model.init(random.key(cfg.seed)), device)
     tx = optim_from_config(cfg.optim, total_steps=cfg.steps)
     state = TrainState.create(params=params, tx=tx, key=random.fold_in(random.key(cfg.seed, device=device), 1))
+    state = _sharded.shard_state(state, sharding, model)
     loss_fn = models.lm_loss(model)
     compute_dtype = None if cfg.compute_dtype == "float32" else getattr(torch, cfg.compute_dtype)
-    step = jit(train_step(loss_fn, microbatches=cfg.microbatches, compute_dtype=compute_dtype),
-               backend=cfg.backend, donate="state")
-    eval_one = jit(eval_step(loss_fn, compute_dtype=compute_dtype), backend=cfg.backend)
+    step = _sharded.sharded(jit(train_step(loss_fn, microbatches=cfg.microbatches, compute_dtype=compute_dtype),
+                                backend=cfg.backend, donate="state"), sharding, returns_state=True)
+    eval_one = _sharded.sharded(jit(eval_step(loss_fn, compute_dtype=compute_dtype), backend=cfg.backend),
+                                sharding, returns_state=False)
 
     def eval_fn(state):
         batches = data.build_batches(cfg.data, tokenizer=tokenizer, split="eval", device=device)
         return evaluate(eval_one, state.params, itertools.islice(batches, cfg.eval_batches))
 
-    writer = MetricsWriter(cfg.out)
+    writer = MetricsWriter(cfg.out if main_rank else None)
     try:
-        if cfg.out:
+        if cfg.out and main_rank:
             with open(os.path.join(cfg.out, "config.json"), "w") as f:
                 json.dump(to_dict(cfg), f, indent=2)
         writer.write(0, eval_fn(state), prefix="eval_")  # the loss before any step, for reference
         state = train_loop(step, state, data.build_batches(cfg.data, tokenizer=tokenizer, device=device),
                            steps=cfg.steps, writer=writer, log_every=cfg.log_every, eval_every=cfg.eval_every,
-                           eval_fn=eval_fn, tokens_per_step=cfg.data.batch_size * cfg.data.seq_len)
+                           eval_fn=eval_fn, tokens_per_step=cfg.data.batch_size * cfg.data.seq_len,
+                           progress=main_rank)
+        params = _sharded.gathered(state.params, sharding)  # whole tensors on every rank, for sampling
     finally:
         writer.close()
+        _sharded.teardown()
+    if not main_rank:
+        return writer.history
     if cfg.out:
         plot_losses(writer.history, os.path.join(cfg.out, "loss.png"))
     evals = [r["eval_loss"] for r in writer.history if "eval_loss" in r]
@@ -84,7 +99,7 @@ def main(argv=None):
           f"({100 * (1 - evals[-1] / evals[0]):.1f}% lower)")
     if cfg.sample_tokens:
         prompt = torch.tensor([tokenizer.encode(cfg.sample_prompt).tolist()], device=device)
-        out = generate(model.apply, state.params, prompt, max_new_tokens=cfg.sample_tokens, key=random.key(cfg.seed),
+        out = generate(model.apply, params, prompt, max_new_tokens=cfg.sample_tokens, key=random.key(cfg.seed),
                        temperature=0.8, top_k=40, max_seq_len=cfg.data.seq_len)
         print("--- sample ---\n" + tokenizer.decode(out[0].cpu().tolist()) + "\n--------------")
     return writer.history

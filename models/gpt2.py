@@ -164,9 +164,9 @@ class GPT2(Module):
         check_tokens(tokens, max_seq_len=self.config.max_seq_len, field="GPT2Config.max_seq_len")
         if kwargs.get("positions") is None:
             kwargs["positions"] = torch.arange(tokens.shape[1], device=tokens.device)  # (T,)
-        x = self.call("wte", params, tokens, **kwargs)  # (B, T, d)
+        x = constrain(self.call("wte", params, tokens, **kwargs), RESIDUAL_AXES)  # (B, T, d)
         x = x + self.call("wpe", params, kwargs["positions"], **kwargs)  # (B, T, d) + (T or B, T, d)
-        x = constrain(self.call("drop", params, x, key=key, **kwargs), RESIDUAL_AXES)
+        x = self.call("drop", params, x, key=key, **kwargs)
         x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
         x = self.call("ln_f", params, x, **kwargs)
         return self.children["wte"].attend(params["wte"], x).float()  # (B, T, V), tied to wte

@@ -13,10 +13,21 @@ which DTensor applies in mesh order, so the major axis must also come first in t
     PartitionSpec(("dp", "fsdp"), None, None)            [Shard(0), Shard(0), Replicate()]
 
 One process per device, started by `torchrun` (or any launcher that initialises the default
-process group: NCCL on GPUs, gloo on CPU). Inside compute, `constrain` is `redistribute`
-(FSDP's per-layer all-gather, the tensor-parallel all-reduce of the residual stream), and
-`context()` is DTensor's `implicit_replication()`, so the plain tensors a model makes on the fly
-(an `arange` of positions, a causal mask) combine with DTensors as if replicated.
+process group: NCCL on GPUs, gloo on CPU). `context()` is DTensor's `implicit_replication()`, so
+the plain tensors a model makes on the fly (an `arange` of positions, a causal mask) combine with
+DTensors as if replicated.
+
+Inside compute, `constrain` is a redistribution whose backward returns the gradient to the
+input's placements, a pending sum becoming whole: FSDP's per-layer all-gather has the
+reduce-scatter of the gradient as its backward, the tensor-parallel residual constraint is
+Megatron's all-reduce, and a replicated parameter used on a split batch gets its gradient
+all-reduced once, in the backward (DDP). It is an `autograd.Function` with `setup_context`
+because under `torch.func.grad` the model sees functorch wrappers, not DTensors. Dynamo cannot
+trace that Function inside `torch.func.grad` (torch 2.9), so in a compiled step the constraints
+inside the gradient transform are skipped: DTensor's own op rules pick the redistributions (the
+results are the same; gradients come back as pending sums, all-reduced where the optimizer first
+needs them whole). `_dtensor_rules` adds the sharding rules torch 2.9 lacks or gets wrong
+(select, gather, vector norms of pending sums, logsumexp, CPU scaled-dot-product attention).
 
 Example (two gloo processes; see `tests/partition_specs/test_dtensor_matrix.py`):
 
@@ -35,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from ..mesh import Mesh
+from . import _dtensor_rules
 from .rules import ShardingRuleError
 from .spec import PartitionSpec
 
@@ -110,6 +122,41 @@ def _is_dtensor(x: Any) -> bool:
     return isinstance(x, DTensor)
 
 
+class _Redistribute(torch.autograd.Function):
+    """`x.redistribute(mesh, placements)` that also works inside `torch.func` transforms.
+
+    Its backward returns the gradient to the input's placements, a pending sum (`Partial`)
+    becoming `Replicate`, as DTensor's own redistribute does (see the module docstring). Under
+    `torch.func.grad` the model sees functorch wrappers: `isinstance(x, DTensor)` is False there,
+    and `DTensor.redistribute` (an autograd.Function without `setup_context`) cannot run; this
+    Function's forward receives the DTensor itself.
+    """
+
+    @staticmethod
+    def forward(x: torch.Tensor, device_mesh: Any, want: Tuple[Any, ...]) -> Tuple[torch.Tensor, Any]:
+        # Also returns x's placements: setup_context sees the transform's wrappers, forward the DTensor.
+        if not _is_dtensor(x):
+            return x.view_as(x), None
+        source = tuple(x.placements)
+        return (x.view_as(x) if source == want else x.redistribute(device_mesh, want)), source
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[torch.Tensor, Any]) -> None:
+        ctx.device_mesh = inputs[1]
+        ctx.source = output[1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any = None) -> Tuple[Any, None, None]:
+        if ctx.source is None:
+            return grad, None, None
+        from torch.distributed.tensor import Replicate
+
+        want = tuple(Replicate() if p.is_partial() else p for p in ctx.source)
+        # Under torch.func the gradient is a functorch wrapper again: redistribute it through this
+        # Function, whose forward sees the DTensor inside (and which is itself differentiable).
+        return _Redistribute.apply(grad, ctx.device_mesh, want)[0], None, None
+
+
 class DTensorLowering:
     """The `Lowering` of `ember.core.partition_specs.sharding` on a torch.distributed `DeviceMesh`.
 
@@ -131,6 +178,7 @@ class DTensorLowering:
         mesh.validate(dist.get_world_size())
         from torch.distributed.device_mesh import init_device_mesh
 
+        _dtensor_rules.install()
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         self._device_mesh = init_device_mesh(self.device_type, mesh.shape, mesh_dim_names=mesh.names)
 
@@ -159,16 +207,17 @@ class DTensorLowering:
         return distribute_tensor(x.detach(), self._device_mesh, self.placements(spec, x.dim()), src_data_rank=None)
 
     def constrain(self, x: torch.Tensor, spec: PartitionSpec) -> torch.Tensor:
-        """Redistribute a DTensor to `spec` (differentiable; no-op when already laid out so).
+        """Redistribute a DTensor to `spec` (differentiable, also under `torch.func` transforms).
 
-        A plain tensor is returned unchanged: under `implicit_replication()` it acts as replicated.
+        A plain tensor comes back as it is (a view): under `implicit_replication()` it acts as
+        replicated.
         """
-        if not _is_dtensor(x):
-            return x
         want = tuple(self.placements(spec, x.dim()))
-        if tuple(x.placements) == want:
-            return x
-        return x.redistribute(self._device_mesh, want)
+        if torch.compiler.is_compiling():
+            if _is_dtensor(x):  # outside a torch.func transform Dynamo sees the DTensor itself
+                return x.redistribute(self._device_mesh, want)
+            return x  # Dynamo cannot trace the Function under torch.func: DTensor's op rules decide
+        return _Redistribute.apply(x, self._device_mesh, want)[0]
 
     def local_shape(self, x: torch.Tensor) -> Tuple[int, ...]:
         """The shape of this process's shard (the full shape for a plain tensor)."""

@@ -48,6 +48,10 @@ __all__ = ["Rules", "ShardingRuleError", "resolve", "resolve_tree"]
 Rule = Tuple[str, MeshAxes]
 LogicalAxes = Tuple[Optional[str], ...]
 
+# The resolver's "not assigned yet" marker. Module-level, not `object()` per call: `constrain`
+# resolves specs while torch.compile traces the step, and Dynamo cannot trace `object()`.
+_UNASSIGNED = object()
+
 
 class ShardingRuleError(ValueError):
     """A rule set that cannot place a tensor; the message names the tensor, the rule and the fix."""
@@ -167,7 +171,7 @@ def resolve(
     if mesh_sizes is not None:
         rules.check_mesh(tuple(mesh_sizes))
 
-    unassigned = object()
+    unassigned = _UNASSIGNED
     result: list = [unassigned if a is not None else None for a in axes]
     blocked: Dict[int, Tuple[int, Rule]] = {}
     for i, (logical, mesh_axes) in enumerate(rules):

@@ -105,6 +105,10 @@ class Sharding:
     def compute_spec(self, axes: Sequence[Optional[str]], shape: Optional[Sequence[int]] = None) -> PartitionSpec:
         """The compute-time spec for a tensor with logical `axes` (cached per axes tuple)."""
         axes = tuple(axes)
+        if torch.compiler.is_compiling():
+            # No cache while Dynamo traces: it would guard on the cache's contents, which the trace
+            # itself fills, and the second call of a compiled step would compile again.
+            return resolve(axes, self.layout.compute, mesh_sizes=self.mesh.sizes(), name=f"activation {axes}")
         spec = self._compute_cache.get(axes)
         if spec is None:
             spec = resolve(axes, self.layout.compute, mesh_sizes=self.mesh.sizes(), name=f"activation {axes}")

@@ -17,6 +17,13 @@ Attention-probability dropout needs the probabilities, so when `dropout > 0` and
 layer computes attention explicitly (the fused kernel's dropout draws from the global RNG, which
 ember never uses); without a key (evaluation) it always takes the fused path.
 
+Under DTensor sharding (an active `use_sharding` with the dtensor backend) the fused kernel runs
+on each shard (heads split under tensor parallelism, the batch under data parallelism; ember adds
+the CPU kernel's sharding rule in `ember.core.partition_specs.dtensor`). DTensor cannot place a
+mask given to the fused kernel, so a masked call (segment ids, padding) computes explicitly there
+too; the explicit matmuls flatten (B, H) into one dimension, which DTensor allows only while the
+heads are whole, so masks and attention dropout under a layout that splits heads raise.
+
 Example:
     >>> import torch
     >>> from ember.core import random
@@ -37,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...core import random
+from ...core.partition_specs import current_sharding
 from ...core.types import Key, Params
 from . import initializers as inits
 from .linear import Linear
@@ -44,6 +52,27 @@ from .module import Module
 from .rotary import RotaryEmbedding
 
 __all__ = ["Attention", "attention_mask", "repeat_kv"]
+
+
+_MSG_SPLIT_HEADS = (
+    "Attention: {what} under DTensor sharding needs the heads dimension whole, but the active layout "
+    "splits 'heads' over mesh axes {axes}. The explicit attention this takes reshapes (B, H, T, T) to "
+    "(B*H, T, T), which DTensor cannot do with H split. Train without {what} under tensor parallelism, or "
+    "use a layout that keeps heads whole (e.g. --mesh fsdp=N or dp=N)."
+)
+
+
+def _dtensor_heads_split() -> Optional[tuple]:
+    """Under an active DTensor sharding: the mesh axes the heads are split over (() if whole); else None.
+
+    The active sharding is the signal, not `isinstance(q, DTensor)`: under `torch.func.grad` the
+    queries are functorch wrappers around DTensors, which `isinstance` does not see through.
+    """
+    sharding = current_sharding()
+    if sharding is None or sharding.mesh.backend != "dtensor":
+        return None
+    spec = sharding.compute_spec(("batch", "heads", "sequence", "head_dim"))
+    return spec.mesh_axes_of(1)
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -194,8 +223,15 @@ class Attention(Module):
             padding_mask=kwargs.get("attention_mask"),
             device=x.device,
         )
-        if self.dropout > 0.0 and key is not None:
-            out = self._explicit(q, k, v, mask, key)
+        split = _dtensor_heads_split()
+        explicit = self.dropout > 0.0 and key is not None
+        if split is not None and (explicit or mask is not None):
+            if split:
+                what = "attention dropout" if explicit else "an attention mask (segment_ids / attention_mask)"
+                raise NotImplementedError(_MSG_SPLIT_HEADS.format(what=what, axes=split))
+            explicit = True  # DTensor has no rule for the fused kernel with a mask
+        if explicit:
+            out = self._explicit(q, k, v, mask, key if self.dropout > 0.0 else None)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=self.causal and mask is None
@@ -203,8 +239,8 @@ class Attention(Module):
         out = out.transpose(1, 2).reshape(b, t, h * d)  # (B, T, H*D)
         return self.call("wo", params, out, **kwargs)
 
-    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key: Key) -> Tensor:
-        """softmax(q k^T / sqrt(D)) with keyed dropout on the probabilities, then @ v: (B, H, T, D)."""
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key: Optional[Key]) -> Tensor:
+        """softmax(q k^T / sqrt(D)), keyed dropout on the probabilities (if `key`), then @ v: (B, H, T, D)."""
         t = q.shape[2]
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, T, T)
         if mask is None and self.causal:
@@ -213,5 +249,6 @@ class Attention(Module):
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T, T)
-        probs = random.dropout(key, probs, self.dropout)
+        if key is not None:
+            probs = random.dropout(key, probs, self.dropout)
         return probs @ v  # (B, H, T, D)

@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from ember.core import TrainState, random
+from ember.core import TrainState
 from ember.core.mesh import Mesh, MeshError
 from ember.core.partition_specs import PartitionSpec as P
 from ember.core.partition_specs import ShardingRuleError, data_parallel

@@ -1,0 +1,92 @@
+"""The multi-process half of `launch/train.py`: process group, mesh, and a step that runs sharded.
+
+    torchrun --nproc-per-node 2 launch/train.py --mesh dp=2 --steps 5
+    torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=2,tp=2
+
+Under torchrun (`WORLD_SIZE` set) every process joins the default process group (NCCL on GPUs,
+gloo on CPU), the mesh is validated against the world size (`dp=-1` when `--mesh` is not given)
+and lowered to DTensor. Every process reads the same global batches; `shard_batch` keeps each
+process's slice. The wrapped step and eval run inside `use_sharding` and return metrics gathered to
+plain tensors, equal on every process, so the loop and the metrics writer stay unchanged; only
+rank 0 writes files and prints.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ember.core.mesh import Mesh
+from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
+from ember.core.pytree import tree_map
+
+
+def setup(mesh_text: Optional[str]) -> Optional[Sharding]:
+    """The run's `Sharding`, or None for a plain single-process run (no `--mesh`, no torchrun).
+
+    Raises:
+        MeshError: the mesh does not use exactly `WORLD_SIZE` processes (says what would fit).
+        RuntimeError: `--mesh` given without torchrun (names the torchrun command).
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if "WORLD_SIZE" not in os.environ:
+        if mesh_text is None:
+            return None
+        raise RuntimeError(
+            f"--mesh {mesh_text} runs one process per device under torchrun (DTensor), but WORLD_SIZE is not set: "
+            f"start it as `torchrun --nproc-per-node N launch/train.py --mesh {mesh_text} ...` with N the mesh size, "
+            f"or drop --mesh for a single process (launch/tpu_pod.py runs a mesh on torch_xla)."
+        )
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    mesh = Mesh.parse(mesh_text or "dp=-1", devices=world, backend="dtensor")
+    return Sharding(mesh, for_mesh(mesh.names))
+
+
+def is_main() -> bool:
+    """True on rank 0 (and in a single-process run): the process that writes and prints."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def shard_state(state: Any, sharding: Optional[Sharding], model: Any) -> Any:
+    """`state` placed by the layout (params rules; optimizer state inherits), or as it is."""
+    return state if sharding is None else shard(state, sharding, axes=model.axes)
+
+
+def gathered(tree: Any, sharding: Optional[Sharding]) -> Any:
+    """Every tensor of `tree` as a full plain tensor (a collective: call it on every process)."""
+    if sharding is None:
+        return tree
+    return tree_map(lambda x: sharding.lowering.gather(x) if isinstance(x, torch.Tensor) else x, tree)
+
+
+def sharded(fn: Callable, sharding: Optional[Sharding], *, returns_state: bool) -> Callable:
+    """`fn(first, batch)` run on the sharded batch inside `use_sharding`, with its metrics gathered.
+
+    Args:
+        fn: a step `(state, batch) -> (state, metrics)` or an eval `(params, batch) -> metrics`.
+        sharding: the run's sharding (None: `fn` itself).
+        returns_state: True for a step, False for an eval.
+    """
+    if sharding is None:
+        return fn
+
+    def run(first: Any, batch: Any) -> Any:
+        with use_sharding(sharding):
+            out = fn(first, shard_batch(batch, sharding))
+        if returns_state:
+            return out[0], gathered(out[1], sharding)
+        return gathered(out, sharding)
+
+    return run
+
+
+def teardown() -> None:
+    """Leave the process group (if this run joined one)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
