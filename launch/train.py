@@ -5,6 +5,7 @@
     python launch/train.py --model.n_layers 2 --optim.learning_rate 1e-3 --backend eager
     python launch/train.py --import my_pkg --config my_config  # a family / config from your package
     python launch/train.py --dry-run                          # parameters, axes, memory; no step
+    python launch/train.py --out runs/a --checkpoint_every 100 --resume   # continue from the latest checkpoint
     torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=2,tp=2   # DTensor: see launch/_sharded.py
 
 Every config field is a flag (`--help` lists them). The pieces are importable for your own script:
@@ -29,6 +30,7 @@ def parse_launcher_args(argv):
     p.add_argument("--import", dest="imports", action="append", default=[])
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--mesh", default=None)  # under torchrun: e.g. dp=2,tp=2 (default dp=-1)
+    p.add_argument("--resume", action="store_true")  # continue from the latest checkpoint in --out
     return p.parse_known_args(argv)
 
 
@@ -43,9 +45,10 @@ def main(argv=None):
     from ember.core.device import device_for, to_device
     from ember.core.jit import jit
     from ember.optim.config import from_config as optim_from_config
-    from ember.core.metrics_log import MetricsWriter, plot_losses
+    from ember.core.metrics_log import MetricsWriter, plot_losses, read_metrics
     from ember.core.step_fns import eval_step, evaluate, generate, train_loop, train_step
 
+    import _checkpointing
     import _sharded
 
     for name in args.imports:
@@ -69,6 +72,13 @@ def main(argv=None):
     compute_dtype = None if cfg.compute_dtype == "float32" else getattr(torch, cfg.compute_dtype)
     step = _sharded.sharded(jit(train_step(loss_fn, microbatches=cfg.microbatches, compute_dtype=compute_dtype),
                                 backend=cfg.backend, donate="state"), sharding, returns_state=True)
+    ckpt = _checkpointing.build_manager(cfg)  # OUT/checkpoints (None without --out)
+    info = _checkpointing.model_info_for(cfg, arch=args.config)
+    batches = data.build_batches(cfg.data, tokenizer=tokenizer, device=device)
+    start = int(state.step)
+    state = _checkpointing.maybe_resume(ckpt, state, batches, cfg=cfg, resume=args.resume, model_info=info,
+                                        sharding=sharding, axes=model.axes, log=print if main_rank else (lambda _: None))
+    resumed = int(state.step) != start
     eval_one = _sharded.sharded(jit(eval_step(loss_fn, compute_dtype=compute_dtype), backend=cfg.backend),
                                 sharding, returns_state=False)
 
@@ -76,27 +86,33 @@ def main(argv=None):
         batches = data.build_batches(cfg.data, tokenizer=tokenizer, split="eval", device=device)
         return evaluate(eval_one, state.params, itertools.islice(batches, cfg.eval_batches))
 
-    writer = MetricsWriter(cfg.out if main_rank else None)
+    writer = MetricsWriter(cfg.out if main_rank else None, append=resumed)
+    hooks = dict(cfg=cfg, writer=writer, model_info=info, sharding=sharding)
     try:
         if cfg.out and main_rank:
             with open(os.path.join(cfg.out, "config.json"), "w") as f:
                 json.dump(to_dict(cfg), f, indent=2)
-        writer.write(0, eval_fn(state), prefix="eval_")  # the loss before any step, for reference
-        state = train_loop(step, state, data.build_batches(cfg.data, tokenizer=tokenizer, device=device),
-                           steps=cfg.steps, writer=writer, log_every=cfg.log_every, eval_every=cfg.eval_every,
-                           eval_fn=eval_fn, tokens_per_step=cfg.data.batch_size * cfg.data.seq_len,
-                           progress=main_rank)
+        if not resumed:
+            writer.write(0, eval_fn(state), prefix="eval_")  # the loss before any step, for reference
+        state = train_loop(step, state, batches, steps=cfg.steps, writer=writer, log_every=cfg.log_every,
+                           eval_every=cfg.eval_every, eval_fn=eval_fn, progress=main_rank,
+                           tokens_per_step=cfg.data.batch_size * cfg.data.seq_len,
+                           on_step_end=_checkpointing.checkpoint_hook(ckpt, batches, **hooks))
+        _checkpointing.finish(ckpt, state, batches, **hooks)
         params = _sharded.gathered(state.params, sharding)  # whole tensors on every rank, for sampling
     finally:
         writer.close()
+        if ckpt is not None:
+            ckpt.close()
         _sharded.teardown()
     if not main_rank:
         return writer.history
     if cfg.out:
-        plot_losses(writer.history, os.path.join(cfg.out, "loss.png"))
-    evals = [r["eval_loss"] for r in writer.history if "eval_loss" in r]
-    print(f"eval loss: {evals[0]:.4f} at step 0 -> {evals[-1]:.4f} at step {cfg.steps} "
-          f"({100 * (1 - evals[-1] / evals[0]):.1f}% lower)")
+        plot_losses(read_metrics(cfg.out), os.path.join(cfg.out, "loss.png"))
+    history = read_metrics(cfg.out) if resumed else writer.history  # a resumed run: the whole run's log
+    evals = [(r["step"], r["eval_loss"]) for r in history if "eval_loss" in r]
+    (s0, e0), (_, e1) = evals[0], evals[-1]
+    print(f"eval loss: {e0:.4f} at step {s0} -> {e1:.4f} at step {cfg.steps} ({100 * (1 - e1 / e0):.1f}% lower)")
     if cfg.sample_tokens:
         prompt = torch.tensor([tokenizer.encode(cfg.sample_prompt).tolist()], device=device)
         out = generate(model.apply, params, prompt, max_new_tokens=cfg.sample_tokens, key=random.key(cfg.seed),

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from ember.core.metrics_log import read_metrics
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("ember_launch_train", ROOT / "launch" / "train.py")
 train = importlib.util.module_from_spec(_spec)
@@ -105,3 +107,21 @@ def test_users_collator_is_found_after_import(tmp_path, monkeypatch):
                 "--model.n_layers", "1", *TINY])
     assert len(sys.modules["my_collators"].CALLS) >= 3  # train batches (+ eval batches)
     sys.modules.pop("my_collators", None)
+
+
+def test_resume_after_a_crash_repeats_the_lost_steps_bit_for_bit(tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    argv = [*TINY, "--steps", "6", "--checkpoint_every", "3", "--keep", "0", "--out", str(out), "--model.n_layers", "1",
+            "--log_every", "1"]
+    train.main(argv)
+    straight = {r["step"]: r["loss"] for r in read_metrics(out) if "loss" in r}
+    shutil.rmtree(out / "checkpoints" / "6")  # as if killed before the last checkpoint was written
+    train.main([*argv, "--resume"])
+    assert "resumed from step 3" in capsys.readouterr().out
+    rows = [r for r in read_metrics(out) if "loss" in r]
+    resumed = {r["step"]: r["loss"] for r in rows[6:]}
+    assert sorted(resumed) == [4, 5, 6]
+    assert all(resumed[s] == straight[s] for s in resumed), (resumed, straight)  # bit for bit
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
