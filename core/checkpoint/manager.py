@@ -17,9 +17,13 @@ process killed mid-save leaves the previous steps intact; the next manager remov
 folder (orbax's own `cleanup_tmp_directories`) and never touches a committed step except to prune
 by `max_to_keep` / `keep_best`.
 
-Single process for now: `sharding=` gathers sharded leaves on save (`Lowering.gather`) and places
-restored ones with `ember.core.partition_specs.shard`; several processes writing one checkpoint
-are refused until orbax is coordinated across them.
+Meshes. In one process, `sharding=` gathers sharded leaves on save (`Lowering.gather`) and places
+restored ones with `ember.core.partition_specs.shard` (full arrays are read, then placed: the XLA
+backend, or a DTensor mesh of one process). When torch.distributed runs several processes, every
+process builds the manager (it joins `jax.distributed` beside torch.distributed, see
+`_distributed.py`) and calls `save` / `restore` together: each process writes only its own shards
+of one global checkpoint, and a restore onto a DTensor mesh reads only the shards the process
+holds. The checkpoint is one logical object either way: any mesh, or one device, restores it.
 
 Example:
     >>> import tempfile, torch
@@ -49,6 +53,7 @@ import torch
 
 from ..pytree import tree_unflatten
 from ._arrays import checksums, dtype_name, to_numpy
+from ._distributed import Distributed, multiprocess_world, numpy_restore_args, restore_sharded
 from ._layout import META_ITEM, check_root, describe_contents, disk_bytes, step_dir, temporary_dirs
 from ._meta import CheckpointError, CheckpointMeta
 from ._restore import build_leaves, check_fit, leaf_tensor
@@ -71,17 +76,6 @@ def _parse_keep_best(keep_best: Union[None, str, Tuple[str, str]]) -> Optional[T
     if keep_best[1] not in _MODES:
         raise ValueError(f"keep_best mode must be one of {_MODES}, got {keep_best[1]!r} (for metric {keep_best[0]!r}).")
     return keep_best  # type: ignore[return-value]
-
-
-def _check_single_process() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise NotImplementedError(
-            f"CheckpointManager is single-process for now, but torch.distributed runs {dist.get_world_size()} "
-            f"processes; every process would write the same files. Save from a single-process run, or gather "
-            f"the state and save on one rank into its own directory."
-        )
 
 
 def _to_host(x: torch.Tensor, sharding: Any, path: str) -> torch.Tensor:
@@ -123,7 +117,12 @@ class CheckpointManager:
     Raises:
         CheckpointError: the directory is a file or a single step, is missing (read_only), or holds
             number-named folders that are not checkpoints.
-        NotImplementedError: torch.distributed runs more than one process.
+        RuntimeError: several processes run, and jax already started without `jax.distributed`.
+
+    With several torch.distributed processes, build the manager on every process (a collective:
+    it joins jax.distributed, the coordinator on rank 0) and call `save` / `restore` on every
+    process; such saves store no CRC-32 (no process holds whole arrays), and the JSON items (meta,
+    data state) are rank 0's.
     """
 
     def __init__(
@@ -150,8 +149,6 @@ class CheckpointManager:
         self.checksums = checksums
         self.keep_best = _parse_keep_best(keep_best)
         check_root(self.directory, writing=not read_only)
-        if not read_only:
-            _check_single_process()
         keep: List[Any] = [policies.LatestN(max_to_keep)]
         best_fn = None
         if self.keep_best is not None:
@@ -171,6 +168,7 @@ class CheckpointManager:
             create=not read_only,
         )
         self._ocp = ocp
+        self._dist = Distributed() if multiprocess_world() else None  # joins jax.distributed: before orbax starts
         registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
         for item in (PARAMS_ITEM, STATE_ITEM):  # one handler per item serves both its save and restore args
             handler = ocp.PyTreeCheckpointHandler(use_compression=compress)
@@ -252,6 +250,7 @@ class CheckpointManager:
             metrics: `{name: number or 0-d tensor}` (one host sync each); `keep_best` ranks by them.
             force: save even if `step` is not a multiple of `save_every` (the last step of a run).
             sharding: the `Sharding` the state is placed with; leaves are gathered to full CPU tensors.
+                Not needed with several processes: each DTensor saves its own shards as laid out.
 
         Returns:
             True if a save was started, False if the step was not due.
@@ -277,10 +276,13 @@ class CheckpointManager:
             except TypeError as e:
                 raise TypeError(f"save(data_state=...) must be JSON-serialisable (get_state() of the iterator): {e}") from e
         flat = flatten_state(state)
-        host = {p: _to_host(t, sharding, p) for p, t in flat.tensors.items()}
-        arrays = {p: to_numpy(t) for p, t in host.items()}
-        crcs = checksums(list(arrays.values()), pool=self._pool) if self.checksums else [None] * len(arrays)
-        leaves = [LeafSpec(p, tuple(a.shape), dtype_name(host[p].dtype), c) for (p, a), c in zip(arrays.items(), crcs)]
+        if self._dist is not None:  # every process hands orbax its own shards of global arrays; no CRCs
+            arrays = {p: self._dist.global_array(t) for p, t in flat.tensors.items()}
+            crcs: List[Optional[int]] = [None] * len(arrays)
+        else:
+            arrays = {p: to_numpy(_to_host(t, sharding, p)) for p, t in flat.tensors.items()}
+            crcs = checksums(list(arrays.values()), pool=self._pool) if self.checksums else [None] * len(arrays)
+        leaves = [LeafSpec(p, tuple(a.shape), dtype_name(flat.tensors[p].dtype), c) for (p, a), c in zip(arrays.items(), crcs)]
         meta = CheckpointMeta.build(step=step, leaves=leaves, aliases=flat.aliases, python_leaves=flat.python,
                                     metrics=metrics, config=config, model=model_info,
                                     has_data_state=data_state is not None)
@@ -313,8 +315,10 @@ class CheckpointManager:
         raw = self._read_items(step, {META_ITEM: self._ocp.args.JsonRestore()})[META_ITEM]
         return CheckpointMeta.from_json(raw, where=str(where))
 
-    def _read_items(self, step: int, args: Dict[str, Any]) -> Dict[str, Any]:
+    def _read_items(self, step: int, args: Dict[str, Any], *, metadata: bool = False) -> Any:
         try:
+            if metadata:  # orbax's array metadata of every item (shapes, dtypes, the saving devices)
+                return self._manager.item_metadata(step)
             restored = self._manager.restore(step, args=self._ocp.args.Composite(**args))
         except Exception as e:  # tensorstore / orbax errors: missing, truncated, unreadable files
             older = [s for s in self.all_steps() if s < step]
@@ -327,7 +331,9 @@ class CheckpointManager:
 
     def _read_arrays(self, step: int, meta: CheckpointMeta, items: Sequence[str]) -> Dict[str, Any]:
         stored = {item_of(leaf.path) for leaf in meta.leaves if leaf.size}  # items orbax wrote
-        args = {name: self._ocp.args.PyTreeRestore() for name in items if name in stored}
+        metadata = self._read_items(step, dict.fromkeys(stored), metadata=True) if stored & set(items) else {}
+        args = {name: self._ocp.args.PyTreeRestore(restore_args=numpy_restore_args(metadata[name].tree))
+                for name in items if name in stored}  # numpy: a multi-process save's devices need not exist here
         arrays: Dict[str, Any] = {}
         for tree in (self._read_items(step, args) if args else {}).values():
             arrays.update(unnest(tree))
@@ -369,7 +375,9 @@ class CheckpointManager:
                 the `meta` device); static fields (`tx`) come from it, tensor values never do.
             device: where restored tensors go; default each template leaf's device (`meta`: CPU).
             sharding: place the restored state with `ember.core.partition_specs.shard(state,
-                sharding, axes=axes)` (full tensors are read, then placed).
+                sharding, axes=axes)`. On a DTensor mesh of several processes each reads only its
+                own shards (no CRC check: the whole arrays are never read); otherwise full tensors
+                are read and verified, then placed.
             axes: the model's logical axes tree (`model.axes`), needed with `sharding`.
             model_info: the current model's `model_info(...)`: a different family is refused and
                 differences are named when the shapes do not fit.
@@ -389,11 +397,16 @@ class CheckpointManager:
         check_fit(meta, step_dir(self.directory, step), like_flat, like_specs, model_info)
         if sharding is not None and axes is None:
             raise TypeError("restore(sharding=...) also needs axes=model.axes to place the parameters.")
-        items = sorted({item_of(leaf.path) for leaf in meta.leaves})
-        arrays = self._read_arrays(step, meta, items)
-        leaves = build_leaves(meta, arrays, like_flat, device, on_cpu=sharding is not None)
-        state = tree_unflatten(leaves, like_flat.treedef)
-        if sharding is not None:
+        sharded_read = self._dist is not None and sharding is not None and hasattr(sharding.lowering, "device_mesh")
+        if sharded_read:  # DTensor mesh over several processes: each reads only its own shards
+            state = restore_sharded(self._dist, lambda args: self._read_items(step, args), meta, like, like_flat,
+                                    sharding, axes)
+        else:
+            items = sorted({item_of(leaf.path) for leaf in meta.leaves})
+            arrays = self._read_arrays(step, meta, items)
+            leaves = build_leaves(meta, arrays, like_flat, device, on_cpu=sharding is not None)
+            state = tree_unflatten(leaves, like_flat.treedef)
+        if sharding is not None and not sharded_read:
             from ..partition_specs import shard
 
             state = shard(state, sharding, axes=axes)
