@@ -3,9 +3,12 @@
     python launch/tpu_pod.py --mesh dp=8,tp=4 --steps 5            # no TPU here: 32 virtual CPU devices
     python launch/tpu_pod.py --mesh fsdp=2,tp=2 --steps 3 --data.batch_size 8 --model.n_layers 2
     python launch/tpu_pod.py --mesh dp=-1,tp=4 --config llama3_tiny   # on every host of a TPU pod slice
+    python launch/tpu_pod.py --mesh dp=2,tp=2 --out runs/pod --checkpoint_every 50 --resume   # continue a run
 
 Prints the mesh, each parameter's PartitionSpec and shard shape, memory per device, then each
-step's loss and XLA compile count. `--check` (default on CPU; `--no-check`) also trains the
+step's loss and XLA compile count. With `--out DIR` it checkpoints to `DIR/checkpoints` (every
+`--checkpoint_every` steps and at the end) and `--resume` continues from the latest one, which
+may have been written on another mesh or by `launch/train.py`. `--check` (default on CPU; `--no-check`) also trains the
 single-device eager reference and fails unless the losses agree within 1e-4 (float32) and only
 step 1 compiled. Without TPUs or PJRT_DEVICE it re-runs itself with `PJRT_DEVICE=CPU
 CPU_NUM_DEVICES=<mesh size>`. On TPUs the mesh follows the torus, ICI x DCN across slices
@@ -15,7 +18,6 @@ config overrides as in `launch/train.py`.
 
 import argparse
 import importlib
-import itertools
 import os
 import subprocess
 import sys
@@ -48,6 +50,7 @@ def main(argv=None):
     p.add_argument("--config", default="llama3_tiny")
     p.add_argument("--import", dest="imports", action="append", default=[])
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--resume", action="store_true")
     args, overrides = p.parse_known_args(argv)
     if {"-h", "--help"} & set(overrides):  # the config's flags, from tyro (exits)
         import ember.models  # noqa: F401  (registers the run configs)
@@ -76,6 +79,9 @@ def main(argv=None):
     from ember.core.step_fns import train_step
     from ember.optim.config import from_config as optim_from_config
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _checkpointing
+
     for name in args.imports:
         importlib.import_module(name)
     cfg = parse_cli(args.config, overrides, description=__doc__)
@@ -91,25 +97,33 @@ def main(argv=None):
                                key=random.fold_in(random.key(cfg.seed), 1))
     say(f"{sharding.lowering!r}, {xr.process_count()} process(es)")
     say(describe_sharding(state0, sharding, axes=model.axes))
-    batches = list(itertools.islice(data.build_batches(cfg.data, tokenizer=tokenizer), cfg.steps))
+    data_iter = data.build_batches(cfg.data, tokenizer=tokenizer)
+    ckpt, info = _checkpointing.build_manager(cfg), _checkpointing.model_info_for(cfg, arch=args.config)
+    state = _checkpointing.maybe_resume(ckpt, shard(state0, sharding, axes=model.axes), data_iter, cfg=cfg,
+                                        resume=args.resume, model_info=info, sharding=sharding, axes=model.axes,
+                                        log=say)
+    first = int(state.step)
     compute_dtype = None if cfg.compute_dtype == "float32" else getattr(torch, cfg.compute_dtype)
     step_fn = train_step(models.lm_loss(model), microbatches=cfg.microbatches, compute_dtype=compute_dtype)
     step = jit(step_fn, backend="xla", donate="state")
-    state, losses, compiles = shard(state0, sharding, axes=model.axes), [], []
+    losses, compiles, batches = [], [], []
     start = time.perf_counter()
     with use_sharding(sharding):
-        for batch in batches:
+        for n, batch in zip(range(first + 1, cfg.steps + 1), data_iter):
             before = step.compile_count
             state, metrics = step(state, shard_batch(batch, sharding))
             compiles.append(step.compile_count - before)
             losses.append(metrics["loss"])
+            batches.append(batch)
+            _checkpointing.save_if_due(ckpt, n, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
+    _checkpointing.finish(ckpt, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
     losses = [float(sharding.lowering.gather(x)) for x in losses]  # host sync, after the loop
     say(f"trained {len(losses)} steps in {time.perf_counter() - start:.1f}s (step 1 with compiling: "
         f"{step.compile_seconds:.1f}s)")
     for i, (loss, c) in enumerate(zip(losses, compiles)):
-        say(f"step {i + 1}: loss {loss:.6f}, compiled {c}")
-    if not check:
-        return 0
+        say(f"step {first + i + 1}: loss {loss:.6f}, compiled {c}")
+    if not check or first:
+        return 0  # (a resumed run has no single-device reference from its own start)
     reference, ref_state, ref_losses = jit(step_fn, backend="eager"), state0, []
     for batch in batches:
         ref_state, metrics = reference(ref_state, batch)

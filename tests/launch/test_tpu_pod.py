@@ -59,3 +59,20 @@ def test_a_mesh_that_does_not_fit_the_devices_names_the_fix():
     rc, out, err = _run(["--mesh", "dp=3", *TINY], PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
     assert rc != 0
     assert "mesh 'dp=3' needs 3 devices but 4 are available" in err and "--mesh dp=4" in err
+
+
+@pytest.mark.xla
+def test_checkpoints_and_resumes_where_it_stopped(tmp_path):
+    import shutil
+
+    args = ["--mesh", "fsdp=2", *TINY, "--steps", "4", "--out", str(tmp_path), "--checkpoint_every", "2",
+            "--keep", "0"]
+    rc, out, err = _run(args)
+    assert rc == 0, err[-4000:]
+    straight = dict(re.findall(r"^step (\d+): loss ([\d.]+)", out, re.M))
+    shutil.rmtree(tmp_path / "checkpoints" / "4")  # as if the pod was preempted before the last save
+    rc, out, err = _run([*args, "--resume"])
+    assert rc == 0, err[-4000:]
+    assert "resumed from step 2" in out
+    resumed = dict(re.findall(r"^step (\d+): loss ([\d.]+)", out, re.M))
+    assert sorted(resumed) == ["3", "4"] and all(resumed[s] == straight[s] for s in resumed), (resumed, straight)
