@@ -127,8 +127,8 @@ class TrainConfig:
     """Prompt of the generated sample."""
     out: Optional[str] = None
     """Run directory: metrics.jsonl, TensorBoard events, loss.png, checkpoints."""
-    checkpoint_every: int = 0
-    """Steps between checkpoints under out/checkpoints; 0: only at the end; < 0: never."""
+    checkpoint_every: int = -1
+    """Steps between checkpoints under out/checkpoints (and at the end); 0: only at the end; < 0: never."""
     keep: int = 3
     """How many recent checkpoints to keep (0: all)."""
     keep_best: Optional[str] = None

@@ -7,7 +7,7 @@
 
 Run-config fields read (`TrainConfig`):
     out               run directory; checkpoints go to `OUT/checkpoints` (none without it)
-    checkpoint_every  steps between checkpoints; 0: only the last step; < 0: never
+    checkpoint_every  steps between checkpoints (and the last step); 0: only the last step; < 0: never
     keep              how many recent checkpoints to keep (0: all)
     keep_best         also keep the best step by this metric: "eval_loss" (lower is better) or
                       "eval_accuracy:max"; None: off
@@ -100,10 +100,16 @@ def maybe_resume(
         log: where the one-line messages go.
 
     Raises:
-        ValueError: `resume` without a checkpoint directory (no `--out`).
+        ValueError: `resume` without a checkpoint directory (no `--out`), or checkpoints already in it
+            without `resume` (a fresh run would mix two runs' checkpoints).
         CheckpointError: the checkpoint does not fit the model (names the differing leaves).
     """
     if not resume:
+        if manager is not None and manager.all_steps():
+            raise ValueError(
+                f"{manager.directory} already holds checkpoints {manager.all_steps()} from an earlier run; pass "
+                f"--resume to continue it, or a new --out for a fresh run (nothing was deleted)."
+            )
         return state
     if manager is None:
         raise ValueError("--resume needs a run directory with checkpoints: pass --out DIR (and keep "

@@ -125,3 +125,6 @@ def test_resume_after_a_crash_repeats_the_lost_steps_bit_for_bit(tmp_path, capsy
     assert sorted(resumed) == [4, 5, 6]
     assert all(resumed[s] == straight[s] for s in resumed), (resumed, straight)  # bit for bit
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
+    with pytest.raises(ValueError, match=r"already holds checkpoints \[3, 6\] from an earlier run; pass --resume"):
+        train.main(argv)  # a fresh run into the same --out would mix two runs' checkpoints
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
