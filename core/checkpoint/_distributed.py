@@ -224,14 +224,14 @@ def restore_sharded(dist_: Distributed, read_items: Callable[[Dict[str, Any]], D
     """
     import orbax.checkpoint as ocp
 
-    from ..partition_specs import PartitionSpec
-    from ..partition_specs.sharding import specs_like_params
+    from ..partition_specs.sharding import flatten_specs, specs_like_params
     from ..pytree import tree_unflatten
+    from ._restore import assemble_leaves
     from ._tree import nest, unnest
 
     params = getattr(like, "params", like)
     specs = specs_like_params(like, params, sharding.param_specs(axes, params))
-    spec_leaves = torch.utils._pytree.tree_flatten(specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))[0]
+    spec_leaves = flatten_specs(specs)
     spec_of = dict(zip(like_flat.paths, spec_leaves))
     lowering = sharding.lowering
     device_mesh = lowering.device_mesh
@@ -245,20 +245,13 @@ def restore_sharded(dist_: Distributed, read_items: Callable[[Dict[str, Any]], D
         read = read_items({name: ocp.args.PyTreeRestore(restore_args=tree) for name, tree in items.items()})
         for tree in read.values():
             restored.update(unnest(tree))
-    tensors: Dict[str, torch.Tensor] = {}
-    out = []
-    for path in like_flat.paths:
-        if path in meta.python_leaves:
-            out.append(meta.python_leaves[path])
-            continue
-        source = meta.aliases.get(path, path)
-        if source not in tensors:
-            leaf = saved[source]
-            if leaf.size:
-                tensors[source] = dist_.to_tensor(restored[source], placements[source], device_mesh, lowering,
-                                                  spec_of[source])
-            else:
-                tensors[source] = lowering.place(torch.empty(leaf.shape, dtype=getattr(torch, leaf.dtype)), spec_of[source])
-        out.append(tensors[source])
+
+    def make(path: str, source: str) -> torch.Tensor:
+        leaf = saved[source]
+        if leaf.size:
+            return dist_.to_tensor(restored[source], placements[source], device_mesh, lowering, spec_of[source])
+        return lowering.place(torch.empty(leaf.shape, dtype=getattr(torch, leaf.dtype)), spec_of[source])
+
+    out = assemble_leaves(meta, like_flat, make)
     return tree_unflatten(out, like_flat.treedef)
 

@@ -9,7 +9,7 @@ taking JSON-scalar leaves from the metadata.
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
@@ -17,7 +17,7 @@ from ._arrays import from_numpy
 from ._meta import CheckpointError, CheckpointMeta, describe_model, model_diff
 from ._tree import FlatState, mismatches
 
-__all__ = ["build_leaves", "check_fit", "leaf_tensor"]
+__all__ = ["assemble_leaves", "build_leaves", "check_fit", "leaf_tensor"]
 
 
 def check_fit(
@@ -70,8 +70,27 @@ def _device_for(like: FlatState, path: str, device: Any, on_cpu: bool) -> Any:
     return t.device
 
 
-def build_leaves(meta: CheckpointMeta, arrays: Dict[str, Any], like: FlatState, device: Any, *, on_cpu: bool) -> List[Any]:
+def assemble_leaves(meta: CheckpointMeta, like: FlatState, make: Callable[[str, str], Any]) -> List[Any]:
     """The restored leaves in `like`'s flatten order, ready for `tree_unflatten(leaves, like.treedef)`.
+
+    Python scalars come from the metadata; every stored tensor is built once by `make(path, source)`
+    (`source`: the path it was saved under, so tied leaves stay one tensor).
+    """
+    tensors: Dict[str, Any] = {}
+    out = []
+    for path in like.paths:
+        if path in meta.python_leaves:
+            out.append(meta.python_leaves[path])
+            continue
+        source = meta.aliases.get(path, path)
+        if source not in tensors:
+            tensors[source] = make(path, source)
+        out.append(tensors[source])
+    return out
+
+
+def build_leaves(meta: CheckpointMeta, arrays: Dict[str, Any], like: FlatState, device: Any, *, on_cpu: bool) -> List[Any]:
+    """`assemble_leaves` from full arrays read by orbax.
 
     Args:
         meta: the step's metadata (aliases, scalar leaves, shapes of empty tensors).
@@ -80,14 +99,6 @@ def build_leaves(meta: CheckpointMeta, arrays: Dict[str, Any], like: FlatState, 
         device: target device; None: each template leaf's device (`meta` leaves: CPU).
         on_cpu: force the CPU (a sharding places the tensors afterwards).
     """
-    tensors: Dict[str, torch.Tensor] = {}
-    out = []
-    for path in like.paths:
-        if path in meta.python_leaves:
-            out.append(meta.python_leaves[path])
-            continue
-        source = meta.aliases.get(path, path)
-        if source not in tensors:
-            tensors[source] = leaf_tensor(meta, arrays, source, _device_for(like, path, device, on_cpu))
-        out.append(tensors[source])
-    return out
+    return assemble_leaves(
+        meta, like, lambda path, source: leaf_tensor(meta, arrays, source, _device_for(like, path, device, on_cpu))
+    )

@@ -1,7 +1,7 @@
 """`Sharding`: a mesh, a layout and the lowering that runs them; `shard`, `constrain`, `use_sharding`.
 
 Public names: `Sharding`, `Lowering`, `shard`, `shard_batch`, `constrain`, `use_sharding`,
-`current_sharding`, `specs_like_params`.
+`current_sharding`, `specs_like_params`, `flatten_specs`.
 
 One `Sharding` object carries everything a sharded run needs: the `Mesh` (named axes, backend),
 the `Layout` (params / compute rules) and the backend's `Lowering` (DTensor placements on a
@@ -39,6 +39,7 @@ __all__ = [
     "Sharding",
     "constrain",
     "current_sharding",
+    "flatten_specs",
     "shard",
     "shard_batch",
     "specs_like_params",
@@ -183,9 +184,14 @@ def specs_like_params(tree: Any, params: Any, param_specs: Any) -> Any:
     return tree_map(spec_for, tree, is_leaf=is_params_like)
 
 
+def flatten_specs(specs: Any) -> List[Any]:
+    """The leaves of a specs tree in the flatten order of the tree it describes (None kept for non-tensors)."""
+    return tree_flatten(specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))[0]
+
+
 def _place_tree(tree: Any, specs: Any, lowering: Lowering) -> Any:
     leaves, treedef = tree_flatten(tree)
-    spec_leaves = tree_flatten(specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))[0]
+    spec_leaves = flatten_specs(specs)
     if len(spec_leaves) != len(leaves):
         raise ValueError(f"internal: {len(spec_leaves)} specs for {len(leaves)} leaves")
     placed: Dict[int, torch.Tensor] = {}  # tied leaves (one tensor twice) stay one tensor
