@@ -295,7 +295,7 @@ def remat(fn: Callable, *, static_argnums: Union[int, Sequence[int]] = ()) -> Ca
             return fn(*call_args, **kw)
 
         tensors = [leaves[i] for i in tensor_idx]
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             return torch.utils.checkpoint.checkpoint(
                 lambda *ts: call(ts), *tensors, use_reentrant=False, preserve_rng_state=False
             )

@@ -45,14 +45,17 @@ def parse_args(argv):
                    help="param init: ember's, or a seeded torch.randn one (auto: fast above 20M params)")
     p.add_argument("--threads", type=int, help="CPU threads for torch and XLA:CPU (default: torch's own choice)")
     p.add_argument("--warm-cache", action="store_true", help="keep Inductor's on-disk cache (first calls not cold)")
+    p.add_argument("--compile-times", nargs="?", const="all", help="first-call time per variant in fresh "
+                   "processes: cold (empty compile cache), then warm (the cache the cold one filled)")
     p.add_argument("--child", help=argparse.SUPPRESS)  # memory:<variant> or xla (internal)
     return p.parse_known_args(argv)
 
 
 def run_child(argv, what, env=None):
     """Run this script with the same flags plus `--child what` in a fresh process; return its JSON result."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", **(env or {})}  # freed tensors leave RSS at once
-    if env.pop("EMBER_BENCH_FRESH_CACHE", None):
+    extra = env or {}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", **extra}  # freed tensors leave RSS at once
+    if env.pop("EMBER_BENCH_FRESH_CACHE", None) and "TORCHINDUCTOR_CACHE_DIR" not in extra:
         env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # each child compiles cold in its own cache
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child", what], env=env,
                           capture_output=True, text=True)
@@ -60,6 +63,21 @@ def run_child(argv, what, env=None):
         if line.startswith(CHILD_TAG):
             return json.loads(line[len(CHILD_TAG):])
     raise RuntimeError(f"bench child {what!r} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def compile_times(argv, names):
+    """`{variant: {cold_s, warm_s}}`: first call in a fresh process on an empty cache, then on that cache."""
+    out = {}
+    for name in names:
+        cache = tempfile.mkdtemp(prefix="ember_bench_compile_")
+        try:
+            env = {"TORCHINDUCTOR_CACHE_DIR": cache}
+            runs = [run_child(argv, f"first_call:{name}", env=env)["first_call_s"] for _ in range(2)]
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        out[name] = {"cold_s": runs[0], "warm_s": runs[1]}
+        print(f"{name}: first call {runs[0]:.1f} s cold, {runs[1]:.1f} s with a warm cache", flush=True)
+    return out
 
 
 def run(args, argv, s, lib):
@@ -83,6 +101,8 @@ def run(args, argv, s, lib):
     if args.memory:
         mem = names if args.memory == "all" else args.memory.split(",")
         res["memory"] = {n: run_child(argv, f"memory:{n}") for n in mem}
+    if args.compile_times:
+        res["compile_times"] = compile_times(argv, names if args.compile_times == "all" else args.compile_times.split(","))
     if want_xla:
         x = res["ember_xla"] = run_child(argv, "xla", env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"})
         print(f"ember_xla: {x['compiles_first_call']} compile(s) in the first call, "
@@ -125,7 +145,12 @@ def main(argv=None):
         if args.child:
             kind, _, name = args.child.partition(":")
             steps = args.xla_steps or (5 if args.quick else 50)
-            out = lib.memory_child(s, name) if kind == "memory" else lib.xla_child(s, steps=steps)
+            if kind == "memory":
+                out = lib.memory_child(s, name)
+            elif kind == "first_call":
+                out = lib.first_call_child(s, name)
+            else:
+                out = lib.xla_child(s, steps=steps)
             print(CHILD_TAG + json.dumps(out), flush=True)
             return out
         return run(args, argv, s, lib)

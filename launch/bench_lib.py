@@ -497,6 +497,13 @@ def memory_child(s: Setup, name: str, *, warmup: int = 2, steps: int = 3) -> Dic
     return out
 
 
+def first_call_child(s: Setup, name: str) -> Dict[str, Any]:
+    """Seconds from building variant `name` to the end of its first step (trace, compile or cache load, run)."""
+    start = time.perf_counter()
+    build_variant(name, s).step()
+    return {"variant": name, "first_call_s": time.perf_counter() - start}
+
+
 def xla_child(s: Setup, *, steps: int) -> Dict[str, Any]:
     """ember's step under `backend="xla"` with a warmup-cosine lr: compile count/time and steady step time."""
     import torch_xla
@@ -566,6 +573,11 @@ def markdown_section(res: Dict[str, Any]) -> str:
     if mem:
         lines += ["", "Transient memory = peak during steady steps minus what is held between steps (params and "
                   "optimizer state), one fresh process per variant; gradients count as transient."]
+    if "compile_times" in res:
+        lines += ["", "First call (build + trace + compile or cache load + one step), each in a fresh process: "
+                  "cold = empty Inductor cache, warm = the cache the cold process filled. "
+                  + "; ".join(f"`{k}` {v['cold_s']:.1f} s cold, {v['warm_s']:.1f} s warm"
+                              for k, v in res["compile_times"].items()) + "."]
     if "ember_xla" in res:
         x = res["ember_xla"]
         lines += ["", f"ember_xla (torch_xla, 1 virtual CPU device, warmup-cosine lr {x['lr_first']:.2e} -> "

@@ -213,7 +213,7 @@ class DTensorLowering:
         replicated.
         """
         want = tuple(self.placements(spec, x.dim()))
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             if _is_dtensor(x):  # outside a torch.func transform Dynamo sees the DTensor itself
                 return x.redistribute(self._device_mesh, want)
             return x  # Dynamo cannot trace the Function under torch.func: DTensor's op rules decide

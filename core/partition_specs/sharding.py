@@ -106,7 +106,7 @@ class Sharding:
     def compute_spec(self, axes: Sequence[Optional[str]], shape: Optional[Sequence[int]] = None) -> PartitionSpec:
         """The compute-time spec for a tensor with logical `axes` (cached per axes tuple)."""
         axes = tuple(axes)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             # No cache while Dynamo traces: it would guard on the cache's contents, which the trace
             # itself fills, and the second call of a compiled step would compile again.
             return resolve(axes, self.layout.compute, mesh_sizes=self.mesh.sizes(), name=f"activation {axes}")

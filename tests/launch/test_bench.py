@@ -56,6 +56,17 @@ def test_memory_and_xla_children(tmp_path):
     assert "more over 5 steps" in stdout
 
 
+@pytest.mark.slow
+def test_compile_times_run_cold_then_warm_in_fresh_processes(tmp_path):
+    res, stdout = _bench(tmp_path, "--variants", "ember_eager,torch_eager", "--compile-times", "ember_eager",
+                         "--markdown", str(tmp_path / "B.md"), *SMALL)
+    assert set(res["compile_times"]) == {"ember_eager"}
+    t = res["compile_times"]["ember_eager"]
+    assert t["cold_s"] > 0 and t["warm_s"] > 0, t
+    assert "ember_eager: first call" in stdout
+    assert "`ember_eager` " in (tmp_path / "B.md").read_text()
+
+
 JAX_CASES = [  # (config, overrides): the JAX forward must give ember's loss on the same weights
     ("llama3_tiny", ["--model.n_layers", "2"]),
     ("llama3_tiny", ["--model.n_layers", "2", "--model.scan-layers", "--model.no-tie-embeddings"]),

@@ -1,0 +1,226 @@
+"""Trace a function once per input signature with `make_fx` on fake tensors, compile it with Inductor.
+
+Private to `jit(backend="inductor")`. This is `jax.jit`'s model: the Python function runs once,
+abstractly, for each new signature (pytree structure and static fields, each tensor's shape,
+strides, dtype and device, which arguments are the same tensor, every non-tensor leaf's value,
+grad mode and autocast), and the resulting ATen graph goes to Inductor's `compile_fx` as is.
+
+Why not `torch.compile` (Dynamo): Dynamo interprets the function's bytecode, which for a whole
+training step (model, `torch.func.grad`, optimizer over every leaf, pytree plumbing) cost 23 s of
+the tiny Llama's first call on a 2-core CPU (`make_fx`: 3-4 s), and it pays that again in every
+new process, since Dynamo's own work is never cached. `make_fx` runs the Python at (fake) tensor
+speed, and the graph it hands over carries a shape environment, so Inductor's FX-graph cache and
+AOTAutograd's cache both hit in a second process. A pure step loses nothing: it has no graph
+breaks to fall back on anyway (`fullgraph=True` was already required), and reading a tensor's
+value (`.item()`, `if x > 0`) fails at trace time instead of being baked in.
+
+Inputs Dynamo knows better are left to it (`FxCompiled.accepts` is False): tensor subclasses
+(DTensor), and tensors that require grad (an autograd graph through the call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import TreeSpec
+
+from ._inductor_isa import vec_isa_probe_memo
+from .pytree import tree_flatten, tree_unflatten
+
+__all__ = ["FxCompiled"]
+
+
+_MSG_READS_VALUE = (
+    "jit(backend='inductor') traces the function once on shapes only, but it reads a tensor's value "
+    "({detail}): `.item()`, `float(t)`, `bool(t)` or `if t > 0:` on a tensor. A compiled step keeps "
+    "values on the device: use `torch.where` for branches, return metrics as 0-d tensors and read "
+    "them after the call, or use backend='eager' to debug."
+)
+
+
+class _NotDonatable(Exception):
+    """Raised inside the trace when the entry reports its output cannot be donated."""
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """One compiled signature: the callable and how to rebuild the output pytree from its results."""
+
+    compiled: Callable[..., Any]
+    out_spec: Any
+    # Per output leaf: ("graph", k) = k-th graph output, ("input", j) = j-th unique input tensor
+    # itself (a donated or passed-through leaf), ("const", value) = a non-tensor leaf.
+    out_leaves: Tuple[Tuple[str, Any], ...]
+    keep_alive: Tuple[Any, ...]  # non-hashable static leaves keyed by id(): keep their ids unique
+
+
+def _leaf_key(leaf: Any, seen: Dict[Any, int], keep: List[Any]) -> Any:
+    """A hashable signature of one leaf; `seen` numbers tensor objects and storages in order."""
+    if isinstance(leaf, Tensor):
+        storage = ("storage", leaf.untyped_storage().data_ptr() if leaf.numel() else id(leaf))
+        return ("T", seen.setdefault(id(leaf), len(seen)), seen.setdefault(storage, len(seen)),
+                tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device)
+    try:
+        hash(leaf)
+        return ("C", type(leaf), leaf)
+    except TypeError:
+        keep.append(leaf)
+        return ("O", id(leaf))
+
+
+class FxCompiled:
+    """`fn(*args, **kwargs)` compiled per signature; `compiler(gm, example_inputs)` builds each graph.
+
+    `fn` returns `(out, ok)` like jit's entry: `ok=False` means the output cannot be donated, in
+    which case the call runs `fn` eagerly (it leaves the state untouched) so jit can raise its
+    precise error.
+    """
+
+    def __init__(self, fn: Callable[..., Tuple[Any, bool]], compiler: Callable[..., Any]) -> None:
+        self._fn = fn
+        self._compiler = compiler
+        self._graphs: Dict[Any, _Graph] = {}
+
+    @staticmethod
+    def accepts(leaves: List[Any]) -> bool:
+        """Whether every tensor leaf is a plain tensor that does not require grad."""
+        return all(type(t) is Tensor and not t.requires_grad
+                   for t in leaves if isinstance(t, Tensor))
+
+    def __call__(self, leaves: List[Any], spec: Any) -> Tuple[Any, bool]:
+        seen: Dict[Any, int] = {}
+        keep: List[Any] = []
+        # Storage pointers tell aliasing views apart; they cost a lookup per call, as Dynamo's
+        # guards do in C++. Global modes that change the traced graph are part of the key too.
+        key = (spec, tuple(_leaf_key(x, seen, keep) for x in leaves), torch.is_grad_enabled(),
+               torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"),
+               torch.get_autocast_dtype("cpu"), torch.get_autocast_dtype("cuda"))
+        unique = _unique_tensors(leaves)
+        graph = self._graphs.get(key)
+        if graph is None:
+            # Static fields compare by `==`, so a rebuilt optimizer (new closures, same code and
+            # hyperparameters) misses the exact key; a structural fingerprint finds its graph.
+            structural = (_fingerprint(spec), key[1:])
+            graph = self._graphs.get(structural)
+            if graph is None:
+                try:
+                    graph = self._compile(leaves, spec, unique, (*keep, spec))
+                except _NotDonatable:
+                    args, kwargs = tree_unflatten(leaves, spec)
+                    return self._fn(*args, **kwargs)  # ok is False: the state is untouched
+                self._graphs[structural] = graph
+            self._graphs[key] = graph
+        results = graph.compiled(*unique)
+        out = []
+        for kind, value in graph.out_leaves:
+            out.append(results[value] if kind == "graph" else unique[value] if kind == "input" else value)
+        return tree_unflatten(out, graph.out_spec), True
+
+    def _compile(self, leaves: List[Any], spec: Any, unique: List[Tensor], keep: Tuple[Any, ...]) -> _Graph:
+        from torch._guards import TracingContext, tracing
+        from torch._subclasses.fake_tensor import DataDependentOutputException
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+
+        positions = _tensor_positions(leaves)
+        recorded: Dict[str, Any] = {}
+
+        def flat(*tensors: Tensor) -> Tuple[Tensor, ...]:
+            rebuilt = list(leaves)
+            for i, j in positions.items():
+                rebuilt[i] = tensors[j]
+            args, kwargs = tree_unflatten(rebuilt, spec)
+            out, ok = self._fn(*args, **kwargs)
+            if not ok:
+                raise _NotDonatable()
+            out_flat, recorded["spec"] = tree_flatten(out)
+            which = {id(t): j for j, t in enumerate(tensors)}
+            graph_out: List[Tensor] = []
+            kinds = []
+            for leaf in out_flat:
+                if isinstance(leaf, Tensor) and id(leaf) in which:
+                    kinds.append(("input", which[id(leaf)]))
+                elif isinstance(leaf, Tensor):
+                    kinds.append(("graph", len(graph_out)))
+                    graph_out.append(leaf)
+                else:
+                    kinds.append(("const", leaf))
+            recorded["kinds"] = tuple(kinds)
+            return tuple(graph_out)
+
+        # `torch.compiler.is_compiling()` is True while tracing, as under torch.compile and export.
+        before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
+        try:
+            gm = make_fx(flat, tracing_mode="fake", _allow_non_fake_inputs=True)(*unique)
+        except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
+            raise RuntimeError(_MSG_READS_VALUE.format(detail=str(err).splitlines()[0][:200])) from err
+        finally:
+            torch.compiler._is_compiling_flag = before
+        if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
+            raise RuntimeError(_MSG_READS_VALUE.format(detail="a tensor was converted to a Python number"))
+        # A fake mode with a shape environment lets Inductor and AOTAutograd cache the graph on disk.
+        on_cpu = any(t.device.type == "cpu" for t in unique)
+        with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))), \
+                (vec_isa_probe_memo() if on_cpu else contextlib.nullcontext()):
+            compiled = self._compiler(gm, unique)
+        return _Graph(compiled, recorded["spec"], recorded["kinds"], keep)
+
+
+def _fingerprint(x: Any, depth: int = 0) -> Any:
+    """A hashable value equal for structurally equal static values: functions by code and closure.
+
+    Used for treedef contexts (static fields such as a `GradientTransformation`, a NamedTuple of
+    closures). Tensors and unhashable objects count by identity (the caller keeps them alive).
+    """
+    if depth > 40:
+        return ("id", id(x))
+    d = depth + 1
+    if isinstance(x, TreeSpec):
+        return ("spec", x.type, _fingerprint(x.context, d), tuple(_fingerprint(c, d) for c in x.children_specs))
+    if isinstance(x, types.FunctionType):
+        cells = []
+        for cell in x.__closure__ or ():
+            try:
+                cells.append(_fingerprint(cell.cell_contents, d))
+            except ValueError:  # an empty cell
+                cells.append(("empty",))
+        return ("fn", x.__code__, tuple(cells), _fingerprint(x.__defaults__, d),
+                _fingerprint(x.__kwdefaults__, d))
+    if isinstance(x, functools.partial):
+        return ("partial", _fingerprint(x.func, d), _fingerprint(x.args, d), _fingerprint(x.keywords, d))
+    if isinstance(x, (tuple, list)):
+        return (type(x), tuple(_fingerprint(e, d) for e in x))
+    if isinstance(x, dict):
+        return (type(x), tuple((k, _fingerprint(v, d)) for k, v in x.items()))
+    if isinstance(x, Tensor):
+        return ("id", id(x))
+    try:
+        hash(x)
+    except TypeError:
+        return ("id", id(x))
+    return ("value", type(x), x)
+
+
+def _unique_tensors(leaves: List[Any]) -> List[Tensor]:
+    seen: Dict[int, Tensor] = {}
+    for x in leaves:
+        if isinstance(x, Tensor):
+            seen.setdefault(id(x), x)
+    return list(seen.values())
+
+
+def _tensor_positions(leaves: List[Any]) -> Dict[int, int]:
+    """Leaf index -> index of its tensor among the unique tensors (a tensor passed twice is one input)."""
+    order: Dict[int, int] = {}
+    out = {}
+    for i, x in enumerate(leaves):
+        if isinstance(x, Tensor):
+            out[i] = order.setdefault(id(x), len(order))
+    return out
