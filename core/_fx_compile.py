@@ -57,7 +57,6 @@ class _Graph:
     # Per output leaf: ("graph", k) = k-th graph output, ("input", j) = j-th unique input tensor
     # itself (a donated or passed-through leaf), ("const", value) = a non-tensor leaf.
     out_leaves: Tuple[Tuple[str, Any], ...]
-    keep_alive: Tuple[Any, ...]  # non-hashable static leaves keyed by id(): keep their ids unique
 
 
 def _leaf_key(leaf: Any, seen: Dict[Any, int], keep: List[Any]) -> Any:
@@ -86,6 +85,7 @@ class FxCompiled:
         self._fn = fn
         self._compiler = compiler
         self._graphs: Dict[Any, _Graph] = {}
+        self._alive: List[Any] = []  # what keys hold by id() (unhashable leaves, specs): ids stay unique
 
     @staticmethod
     def accepts(leaves: List[Any]) -> bool:
@@ -110,19 +110,20 @@ class FxCompiled:
             graph = self._graphs.get(structural)
             if graph is None:
                 try:
-                    graph = self._compile(leaves, spec, unique, (*keep, spec))
+                    graph = self._compile(leaves, spec, unique)
                 except _NotDonatable:
                     args, kwargs = tree_unflatten(leaves, spec)
                     return self._fn(*args, **kwargs)  # ok is False: the state is untouched
                 self._graphs[structural] = graph
             self._graphs[key] = graph
+            self._alive.append((spec, keep))
         results = graph.compiled(*unique)
         out = []
         for kind, value in graph.out_leaves:
             out.append(results[value] if kind == "graph" else unique[value] if kind == "input" else value)
         return tree_unflatten(out, graph.out_spec), True
 
-    def _compile(self, leaves: List[Any], spec: Any, unique: List[Tensor], keep: Tuple[Any, ...]) -> _Graph:
+    def _compile(self, leaves: List[Any], spec: Any, unique: List[Tensor]) -> _Graph:
         from torch._guards import TracingContext, tracing
         from torch._subclasses.fake_tensor import DataDependentOutputException
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -170,7 +171,7 @@ class FxCompiled:
         with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))), \
                 (vec_isa_probe_memo() if on_cpu else contextlib.nullcontext()):
             compiled = self._compiler(gm, unique)
-        return _Graph(compiled, recorded["spec"], recorded["kinds"], keep)
+        return _Graph(compiled, recorded["spec"], recorded["kinds"])
 
 
 def _fingerprint(x: Any, depth: int = 0) -> Any:
