@@ -130,13 +130,11 @@ class FxCompiled:
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
-        positions = _tensor_positions(leaves)
+        position = {id(t): j for j, t in enumerate(unique)}  # a tensor passed twice is one input
         recorded: Dict[str, Any] = {}
 
         def flat(*tensors: Tensor) -> Tuple[Tensor, ...]:
-            rebuilt = list(leaves)
-            for i, j in positions.items():
-                rebuilt[i] = tensors[j]
+            rebuilt = [tensors[position[id(x)]] if isinstance(x, Tensor) else x for x in leaves]
             args, kwargs = tree_unflatten(rebuilt, spec)
             out, ok = self._fn(*args, **kwargs)
             if not ok:
@@ -216,12 +214,3 @@ def _unique_tensors(leaves: List[Any]) -> List[Tensor]:
             seen.setdefault(id(x), x)
     return list(seen.values())
 
-
-def _tensor_positions(leaves: List[Any]) -> Dict[int, int]:
-    """Leaf index -> index of its tensor among the unique tensors (a tensor passed twice is one input)."""
-    order: Dict[int, int] = {}
-    out = {}
-    for i, x in enumerate(leaves):
-        if isinstance(x, Tensor):
-            out[i] = order.setdefault(id(x), len(order))
-    return out
