@@ -107,9 +107,9 @@ def main(argv=None):
         _sharded.teardown()
     if not main_rank:
         return writer.history
-    if cfg.out:
-        plot_losses(read_metrics(cfg.out), os.path.join(cfg.out, "loss.png"))
     history = read_metrics(cfg.out) if resumed else writer.history  # a resumed run: the whole run's log
+    if cfg.out:
+        plot_losses(history, os.path.join(cfg.out, "loss.png"))
     evals = [(r["step"], r["eval_loss"]) for r in history if "eval_loss" in r]
     (s0, e0), (_, e1) = evals[0], evals[-1]
     print(f"eval loss: {e0:.4f} at step {s0} -> {e1:.4f} at step {cfg.steps} ({100 * (1 - e1 / e0):.1f}% lower)")
