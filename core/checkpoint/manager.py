@@ -397,8 +397,8 @@ class CheckpointManager:
         check_fit(meta, step_dir(self.directory, step), like_flat, like_specs, model_info)
         if sharding is not None and axes is None:
             raise TypeError("restore(sharding=...) also needs axes=model.axes to place the parameters.")
-        sharded_read = self._dist is not None and sharding is not None and hasattr(sharding.lowering, "device_mesh")
-        if sharded_read:  # DTensor mesh over several processes: each reads only its own shards
+        if self._dist is not None and sharding is not None and hasattr(sharding.lowering, "device_mesh"):
+            # DTensor mesh over several processes: each reads only its own shards
             state = restore_sharded(self._dist, lambda args: self._read_items(step, args), meta, like, like_flat,
                                     sharding, axes)
         else:
@@ -406,10 +406,10 @@ class CheckpointManager:
             arrays = self._read_arrays(step, meta, items)
             leaves = build_leaves(meta, arrays, like_flat, device, on_cpu=sharding is not None)
             state = tree_unflatten(leaves, like_flat.treedef)
-        if sharding is not None and not sharded_read:
-            from ..partition_specs import shard
+            if sharding is not None:
+                from ..partition_specs import shard
 
-            state = shard(state, sharding, axes=axes)
+                state = shard(state, sharding, axes=axes)
         data_state = None
         if meta.has_data_state:
             data_state = self._read_items(step, {DATA_ITEM: self._ocp.args.JsonRestore()})[DATA_ITEM]
