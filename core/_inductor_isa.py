@@ -1,71 +1,82 @@
-"""Remember, per machine, that Inductor's CPU vector-ISA probe passed, so later processes skip it.
+"""Remember, per machine, which of Inductor's CPU vector-ISA probes passed, so later processes skip them.
 
 Private to `jit(backend="inductor")`. Before its first CPU kernel, every process running Inductor
-builds a tiny program per candidate ISA (cached on disk) and loads each one in a fresh Python
-subprocess that imports torch, to prove the compiler and CPU agree: 3 subprocesses, 7.6 s of
-the first step on this 2-core machine, paid again by every test run and every `launch/train.py`.
-The answer only changes with the compiler, torch, or the CPU, so after one process has seen every
-ISA the CPU reports pass the probe, a marker file keyed by exactly those (Inductor's own dry-compile
-fingerprint plus the CPU's flags) lets later processes set `cpp.vec_isa_ok`, which Inductor
-provides to skip the probe. Any ISA failing, or an Inductor without these internals, leaves the
-probe to run as before.
+checks each ISA the CPU reports (AVX2, AVX-512, and where present AVX-512-BF16, AMX, AMX-FP16) by
+building a tiny program (cached on disk) and loading it in a fresh Python subprocess that imports
+torch, to prove the compiler and CPU agree: one subprocess per check, 7.6 s of the first step on this
+2-core machine, paid again by every test run and every `launch/train.py`. A check's answer only
+changes with the compiler, torch, the flags and code it builds, or the CPU; so a passed check leaves
+a marker keyed by exactly those (Inductor's own dry-compile fingerprint, the probe's source, the
+CPU's flags), and later processes answer that check from the marker. A failed check leaves nothing
+and runs again next time, as in plain Inductor. Inductor's configuration is untouched, so its cache
+keys are the same in the process that probed and in the ones that did not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
-from typing import Iterator, List, Optional
+from typing import Any, Callable, Iterator, Optional
+from unittest import mock
 
 __all__ = ["vec_isa_probe_memo"]
 
 
-def _candidates() -> Optional[List[object]]:
-    """The ISAs the CPU reports, which the probe will check, or None where that cannot be told."""
-    import platform
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> str:
+    """The CPU's feature flags as the kernel reports them ('' where /proc/cpuinfo has none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
-    from torch._inductor import cpu_vec_isa as isa
 
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return None
-    flags = isa.x86_isa_checker()
-    return [v for v in isa.supported_vec_isa_list if all(f in flags for f in str(v).split())]
-
-
-def _marker(candidates: List[object]) -> str:
+def _marker(arch_flags: str, code: str) -> str:
     from torch._inductor import cpu_vec_isa as isa
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    arch_flags = " ".join(v.build_arch_flags() for v in candidates)  # type: ignore[attr-defined]
-    key = isa._get_isa_dry_compile_fingerprint(arch_flags) + "|" + ",".join(map(str, candidates))
+    key = "\0".join((isa._get_isa_dry_compile_fingerprint(arch_flags), code, _cpu_flags()))
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return os.path.join(cache_dir(), "ember", f"vec_isa_ok.{digest}")
 
 
+def _remembering(check_build: Callable[[Any, str], bool]) -> Callable[[Any, str], bool]:
+    """`VecISA.check_build`, answered from a marker when this machine already passed that check."""
+
+    @functools.wraps(check_build)
+    def remembered(self: Any, code: str) -> bool:
+        try:
+            marker: Optional[str] = _marker(self._arch_flags, code)
+        except (AttributeError, ImportError, OSError):  # another torch's internals: probe as usual
+            marker = None
+        if marker is not None and os.path.exists(marker):
+            return True
+        passed = check_build(self, code)
+        if passed and marker is not None:
+            with contextlib.suppress(OSError):  # a read-only cache only costs the next probe
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                with open(marker, "w") as f:
+                    f.write("this ISA check passed Inductor's build-and-load probe on this machine\n")
+        return passed
+
+    return remembered
+
+
 @contextlib.contextmanager
 def vec_isa_probe_memo() -> Iterator[None]:
-    """Skip Inductor's CPU ISA probe where a marker says it passed; leave a marker when it does."""
-    from torch._inductor import config
-
+    """Answer Inductor's ISA checks from this machine's markers; leave a marker for each that passes."""
     try:
-        candidates = _candidates() if config.cpp.vec_isa_ok is None else None
-        marker = _marker(candidates) if candidates else None
-    except (AttributeError, ImportError, OSError):  # another torch's internals: probe as usual
-        marker = None
-    if marker is None:
-        yield
-        return
-    if not os.path.exists(marker):
         from torch._inductor import cpu_vec_isa as isa
 
-        if [str(v) for v in isa.valid_vec_isa_list()] != [str(v) for v in candidates]:
-            yield  # some ISA failed the probe: Inductor keeps checking in every process
-            return
-        os.makedirs(os.path.dirname(marker), exist_ok=True)
-        with open(marker, "w") as f:
-            f.write("every ISA the CPU reports passed Inductor's build-and-load probe\n")
-    # Always compile under the flag, also in the process that ran the probe: it is part of
-    # Inductor's cache key, and one setting keeps the on-disk cache hitting across processes.
-    with config.patch({"cpp.vec_isa_ok": True}):
+        check_build = isa.VecISA.check_build
+    except (AttributeError, ImportError):  # another torch's internals: probe as usual
+        yield
+        return
+    with mock.patch.object(isa.VecISA, "check_build", _remembering(check_build)):
         yield

@@ -79,8 +79,12 @@ def test_inputs_that_require_grad_go_through_dynamo():
 
 
 _CHILD = textwrap.dedent("""
-    import json, torch
+    import json, subprocess, torch
+    import torch._inductor.cpu_vec_isa as isa
     from torch._dynamo.utils import counters
+    probes = []  # Inductor's ISA checks load their test program in a subprocess
+    isa.subprocess = type("Counted", (), {"DEVNULL": subprocess.DEVNULL,
+                                          "check_call": staticmethod(lambda *a, **k: probes.append(a) or subprocess.check_call(*a, **k))})
     from ember import optim
     from ember.core import TrainState, jit, random
     from ember.core.step_fns import train_step
@@ -89,7 +93,7 @@ _CHILD = textwrap.dedent("""
     state = TrainState.create(params={"w": torch.zeros(3, 2)}, tx=optim.adamw(0.1), key=random.key(0))
     step = jit(train_step(loss), donate="state")
     state, m = step(state, {"x": torch.ones(4, 3), "y": torch.ones(4, 2)})
-    print(json.dumps({"loss": m["loss"].item(), **{k: v for k, v in counters["inductor"].items() if "cache" in k},
+    print(json.dumps({"loss": m["loss"].item(), "isa_probes": len(probes), **{k: v for k, v in counters["inductor"].items() if "cache" in k},
                       **{k: v for k, v in counters["aot_autograd"].items() if "cache" in k}}))
 """)
 
@@ -106,5 +110,6 @@ def test_second_process_loads_the_compiled_step_from_the_disk_cache(tmp_path):
     assert cold.get("fxgraph_cache_miss") == 1 and "fxgraph_cache_hit" not in cold, cold
     assert warm.get("fxgraph_cache_hit") == 1 and warm.get("autograd_cache_hit") == 1, warm
     assert warm["loss"] == cold["loss"]
-    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":  # the ISA probe verdict was remembered
-        assert list((tmp_path / "cache" / "ember").glob("vec_isa_ok.*"))
+    assert warm["isa_probes"] == 0, "the second process repeated Inductor's ISA checks"
+    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":  # the ISA checks' verdicts were remembered
+        assert cold["isa_probes"] > 0 and list((tmp_path / "cache" / "ember").glob("vec_isa_ok.*"))
