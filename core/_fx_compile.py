@@ -154,21 +154,22 @@ class FxCompiled:
             recorded["kinds"] = tuple(kinds)
             return tuple(graph_out)
 
-        # `torch.compiler.is_compiling()` is True while tracing, as under torch.compile and export.
-        before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
-        try:
-            gm = make_fx(flat, tracing_mode="fake", _allow_non_fake_inputs=True)(*unique)
-        except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
-            raise RuntimeError(_MSG_READS_VALUE.format(detail=str(err).splitlines()[0][:200])) from err
-        finally:
-            torch.compiler._is_compiling_flag = before
-        if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
-            raise RuntimeError(_MSG_READS_VALUE.format(detail="a tensor was converted to a Python number"))
-        # A fake mode with a shape environment lets Inductor and AOTAutograd cache the graph on disk.
+        # On CPU, Inductor's ISA checks run (or are remembered) while the step is being traced.
         on_cpu = any(t.device.type == "cpu" for t in unique)
-        with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))), \
-                (vec_isa_probe_memo() if on_cpu else contextlib.nullcontext()):
-            compiled = self._compiler(gm, unique)
+        with vec_isa_probe_memo() if on_cpu else contextlib.nullcontext():
+            # `torch.compiler.is_compiling()` is True while tracing, as under torch.compile and export.
+            before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
+            try:
+                gm = make_fx(flat, tracing_mode="fake", _allow_non_fake_inputs=True)(*unique)
+            except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
+                raise RuntimeError(_MSG_READS_VALUE.format(detail=str(err).splitlines()[0][:200])) from err
+            finally:
+                torch.compiler._is_compiling_flag = before
+            if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
+                raise RuntimeError(_MSG_READS_VALUE.format(detail="a tensor was converted to a Python number"))
+            # A fake mode with a shape environment lets Inductor and AOTAutograd cache the graph on disk.
+            with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
+                compiled = self._compiler(gm, unique)
         return _Graph(compiled, recorded["spec"], recorded["kinds"])
 
 

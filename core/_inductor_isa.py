@@ -18,6 +18,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import threading
 from typing import Any, Callable, Iterator, Optional
 from unittest import mock
 
@@ -68,15 +69,39 @@ def _remembering(check_build: Callable[[Any, str], bool]) -> Callable[[Any, str]
     return remembered
 
 
+def _in_background(probe: Callable[[], Any]) -> threading.Thread:
+    def run() -> None:
+        with contextlib.suppress(Exception):  # the caller's own call then fails or probes again
+            probe()
+
+    return threading.Thread(target=run, name="ember-inductor-isa-probe", daemon=True)
+
+
 @contextlib.contextmanager
 def vec_isa_probe_memo() -> Iterator[None]:
-    """Answer Inductor's ISA checks from this machine's markers; leave a marker for each that passes."""
+    """Answer Inductor's ISA checks from this machine's markers; leave a marker for each that passes.
+
+    The checks start at once on a background thread (they wait on subprocesses), so a first probe
+    overlaps the work done before Inductor's first kernel (tracing, graph passes); Inductor's first
+    ISA query waits for them.
+    """
     try:
         from torch._inductor import cpu_vec_isa as isa
 
-        check_build = isa.VecISA.check_build
+        check_build, valid_vec_isa_list = isa.VecISA.check_build, isa.valid_vec_isa_list
     except (AttributeError, ImportError):  # another torch's internals: probe as usual
         yield
         return
-    with mock.patch.object(isa.VecISA, "check_build", _remembering(check_build)):
-        yield
+    probe = _in_background(valid_vec_isa_list)
+
+    def after_probe() -> Any:
+        probe.join()
+        return valid_vec_isa_list()  # cached by Inductor once the probe is done
+
+    with mock.patch.object(isa.VecISA, "check_build", _remembering(check_build)), \
+            mock.patch.object(isa, "valid_vec_isa_list", after_probe):
+        probe.start()
+        try:
+            yield
+        finally:
+            probe.join()
