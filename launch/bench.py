@@ -45,6 +45,8 @@ def parse_args(argv):
                    help="param init: ember's, or a seeded torch.randn one (auto: fast above 20M params)")
     p.add_argument("--threads", type=int, help="CPU threads for torch and XLA:CPU (default: torch's own choice)")
     p.add_argument("--warm-cache", action="store_true", help="keep Inductor's on-disk cache (first calls not cold)")
+    p.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc as it is (by default freed "
+                   "memory stays in the process, as in launch/train.py: ember.core.host_memory)")
     p.add_argument("--compile-times", nargs="?", const="all", help="first-call time per variant in fresh "
                    "processes: cold (empty compile cache), then warm (the cache the cold one filled)")
     p.add_argument("--child", help=argparse.SUPPRESS)  # memory:<variant> or xla (internal)
@@ -120,6 +122,13 @@ def run(args, argv, s, lib):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args, overrides = parse_args(argv)
+    # Memory children keep glibc's default: RSS must fall back when temporaries are freed, or the
+    # held-state baseline would count freed memory and the transient figure would shrink.
+    if not args.default_malloc and not (args.child or "").startswith("memory"):
+        from ember.core.host_memory import retain_freed_host_memory
+
+        kept = retain_freed_host_memory()  # every timed variant runs under it: they share this process
+        os.environ["EMBER_BENCH_MALLOC"] = "keeps freed memory" if kept else "default"
     fresh = None
     if not args.warm_cache and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         fresh = tempfile.mkdtemp(prefix="ember_bench_inductor_")  # cold compiles: no cached kernels

@@ -444,9 +444,10 @@ def results(s: Setup, timed: Dict[str, Dict[str, Any]], *, peak: Dict[str, Any],
 
 
 def machine_info() -> Dict[str, Any]:
-    """Platform, torch version, CPU count, GPU name, date."""
+    """Platform, torch version, CPU count, GPU name, date, and how bench.py set up glibc's malloc."""
     return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "malloc": os.environ.get("EMBER_BENCH_MALLOC", "default"),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
 
@@ -550,7 +551,8 @@ def markdown_section(res: Dict[str, Any]) -> str:
     m, base = res["machine"], res["baseline"]
     lines = [f"## {res.get('title', res['config'])}", "", f"`{res['command']}`", "",
              f"{m['date']}; {m['platform']}; torch {m['torch']}; {m['cpu_count']} CPUs ({m['torch_threads']} torch "
-             f"threads){'; GPU ' + m['gpu'] if m['gpu'] else ''}. Model: {res['model']}; batch {res['batch']} x "
+             f"threads){'; GPU ' + m['gpu'] if m['gpu'] else ''}"
+             f"; malloc: {m.get('malloc', 'default')}. Model: {res['model']}; batch {res['batch']} x "
              f"seq {res['seq_len']}; {res['n_params'] / 1e6:.2f}M params ({res['init']} init). Peak: "
              f"{res['peak']['flops'] / 1e9:.1f} GFLOP/s ({res['peak']['matmul']} matmul). FLOPs/token "
              f"{res['flops_per_token'] / 1e6:.2f}M (6N + 12LdT). {res['iters']} timed rounds after {res['warmup']} "

@@ -43,6 +43,7 @@ def main(argv=None):
     from ember.core import TrainState, random
     from ember.core.config import parse_cli, to_dict
     from ember.core.device import device_for, to_device
+    from ember.core.host_memory import retain_freed_host_memory
     from ember.core.jit import jit
     from ember.optim.config import from_config as optim_from_config
     from ember.core.metrics_log import MetricsWriter, plot_losses, read_metrics
@@ -51,6 +52,7 @@ def main(argv=None):
     import _checkpointing
     import _sharded
 
+    retain_freed_host_memory()  # a step frees and re-allocates the same buffers: keep their pages
     for name in args.imports:
         importlib.import_module(name)  # registers the user's families, archs, configs, collators
     cfg = parse_cli(args.config, overrides, description=__doc__)

@@ -38,6 +38,8 @@ def test_quick_run_reports_every_default_variant(tmp_path):
     assert res["initial_loss"]["abs_diff"] <= 1e-4
     assert "initial loss: ember" in stdout and "| ember_inductor_donated |" in stdout
     assert (tmp_path / "B.md").read_text().count("## llama3_tiny") == 1
+    assert res["machine"]["malloc"] == "keeps freed memory"  # as launch/train.py runs (glibc)
+    assert "; malloc: keeps freed memory." in (tmp_path / "B.md").read_text()
 
 
 @pytest.mark.slow
