@@ -152,17 +152,15 @@ class _Batch:
     """The kernels one generated module records; built together when the first one is needed."""
 
     def __init__(self) -> None:
-        self.kernels: List[_Kernel] = []
-        self.by_source: Dict[str, _Kernel] = {}
+        # Keyed by (argument types, source): identical kernels (one per layer) are built once.
+        self.kernels: Dict[Tuple[Tuple[str, ...], str], _Kernel] = {}
         self.built = False
 
     def add(self, argtypes: Sequence[str], source: str) -> _Kernel:
-        kernel = self.by_source.get(source)
-        if kernel is None or kernel.argtypes != list(argtypes):
-            kernel = _Kernel(argtypes, source)
-            self.kernels.append(kernel)
-            self.by_source[source] = kernel
-        return kernel
+        key = (tuple(argtypes), source)
+        if key not in self.kernels:
+            self.kernels[key] = _Kernel(argtypes, source)
+        return self.kernels[key]
 
     def build(self) -> None:
         from torch._inductor.async_compile import AsyncCompile, get_compile_threads
@@ -171,7 +169,7 @@ class _Batch:
         self.built = True
         threads = get_compile_threads()
         submit = AsyncCompile.submit if threads > 1 else None
-        groups = split_evenly(self.kernels, threads)
+        groups = split_evenly(list(self.kernels.values()), threads)
         bindings = _torch_classes()[0]
         loads = [bindings.load_async(combined_source(g), submit_fn=submit) for g in groups]
         for group, load in zip(groups, loads):
