@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.utils._pytree import TreeSpec
 
 from ._inductor_batching import batched_cpu_kernels
+from ._inductor_frees import frees_after_last_read
 from ._inductor_isa import vec_isa_probe_memo
 from .pytree import tree_flatten, tree_unflatten
 
@@ -169,7 +170,7 @@ class FxCompiled:
             if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
                 raise RuntimeError(_MSG_READS_VALUE.format(detail="a tensor was converted to a Python number"))
             # A fake mode with a shape environment lets Inductor and AOTAutograd cache the graph on disk.
-            with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))), \
+            with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))), frees_after_last_read(), \
                     batched_cpu_kernels() if on_cpu else contextlib.nullcontext():
                 compiled = self._compiler(gm, unique)
         return _Graph(compiled, recorded["spec"], recorded["kinds"])

@@ -1,0 +1,55 @@
+"""A donated jit(backend="inductor") step frees what it computed from a parameter after the last
+read, not after the in-place write of the new parameter at the end of the step."""
+
+import re
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+from ember.core import _inductor_frees
+from ember.core import jit
+from ember.core.testing import assert_trees_all_close
+
+
+def _step(state, x):
+    h = torch.tanh(x @ state["w"])  # the matmul reads w; its output is dead once tanh has run
+    return {"w": state["w"] - 0.01 * (x.T @ h)}, h.square().mean()
+
+
+def _generated_code(fn, *args):
+    """Run `fn` with Inductor's caches off and return (result, the wrapper code of its one graph)."""
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        out, codes = run_and_get_code(fn, *args)
+    assert len(codes) == 1, len(codes)
+    return out, codes[0][codes[0].index("def call(") :]
+
+
+def _mm_output_freed_before_write(code):
+    mm_out = re.search(r"extern_kernels\.mm\(.*out=(buf\d+)\)", code).group(1)
+    freed = re.search(rf"\bdel {mm_out}\b|= {mm_out}; del {mm_out}\b", code)
+    write = [m.start() for m in re.finditer(r"\n\s*cpp_fused\w*\(.*\barg0_1\b", code)][-1]  # writes w
+    return freed is not None and freed.start() < write
+
+
+@pytest.mark.parametrize("apply_fix", [True, False])
+def test_the_matmul_output_is_freed_before_the_donated_parameter_is_written(apply_fix, monkeypatch):
+    if not apply_fix:  # Inductor's own lifetimes: the reason ember changes them
+        monkeypatch.setattr(_inductor_frees, "frees_after_last_read", _noop_context)
+        monkeypatch.setattr("ember.core._fx_compile.frees_after_last_read", _noop_context)
+    w, x = torch.randn(128, 256), torch.randn(64, 128)
+    expected_state, expected_loss = _step({"w": w.clone()}, x)
+    state = {"w": w.clone()}
+    (new_state, loss), code = _generated_code(jit(_step, donate="state"), state, x)
+    assert new_state["w"] is state["w"]  # donated: written in place
+    assert_trees_all_close((new_state, loss), (expected_state, expected_loss), rtol=1e-5, atol=1e-5)
+    assert _mm_output_freed_before_write(code) is apply_fix, code
+
+
+class _noop_context:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
