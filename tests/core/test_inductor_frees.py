@@ -53,3 +53,11 @@ class _noop_context:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_graphs_compiled_with_these_lifetimes_have_their_own_cache_key():
+    before = torch.compiler.config.cache_key_tag
+    with _inductor_frees.frees_after_last_read():
+        tag = torch.compiler.config.cache_key_tag
+    assert _inductor_frees._CACHE_TAG in tag and tag.startswith(before)
+    assert torch.compiler.config.cache_key_tag == before
