@@ -7,7 +7,7 @@ input with a `WeakDep` from the writing node to the *outputs* of each reading no
 that reads a parameter (each matmul's output, each norm's output) then stays allocated until the
 optimizer has written that parameter, at the very end of the step. Transient memory at peak of a
 donated Llama step (RSS, `launch/bench.py --memory`): 125M (batch 2 x 256) 1,117 MiB before this
-and 674 MiB with it (`torch.compile(module)` + fused AdamW: 654 MiB); tiny 140 vs 119 MiB.
+and 674-719 MiB with it (`torch.compile(module)` + fused AdamW: 654 MiB); tiny 140 vs 117 MiB.
 
 Within `frees_after_last_read()`, a scheduler node's used buffers leave out the names it reaches
 only through a `WeakDep`. The dependency itself stays, so the write still runs after the reads;

@@ -99,7 +99,7 @@ def global_norm(tree: PyTree) -> Tensor:
     pass over memory that nothing can share. As plain reductions, a train step's two gradient
     norms (its `grad_norm` metric and the clip's) become one reduction per leaf, and its update
     norm is summed inside the kernel that applies the update, so the updates are never stored
-    (at 125M parameters that buffer alone was 492 MiB of the step's peak).
+    (125M Llama step: 2% faster, 59 MiB less at peak; BENCHMARKS.md).
     """
     leaves = [t if t.dtype == torch.float32 else t.float() for t in tree_leaves(tree)]
     if not leaves:
