@@ -6,8 +6,8 @@ input with a `WeakDep` from the writing node to the *outputs* of each reading no
 `Scheduler.compute_last_usage` counts those `WeakDep`s as uses: every buffer computed by a node
 that reads a parameter (each matmul's output, each norm's output) then stays allocated until the
 optimizer has written that parameter, at the very end of the step. Transient memory at peak of a
-donated Llama step (RSS, `launch/bench.py --memory`): 125M (batch 2 x 256) 1,117 MiB before this
-and 674-719 MiB with it (`torch.compile(module)` + fused AdamW: 654 MiB); tiny 140 vs 117 MiB.
+donated Llama step against `torch.compile(module)` + fused AdamW (`launch/bench.py --memory`,
+BENCHMARKS.md): 125M 1.90x before this, 1.10x with it; tiny 1.34x before, 1.11x with it.
 
 Within `frees_after_last_read()`, a scheduler node's used buffers leave out the names it reaches
 only through a `WeakDep`. The dependency itself stays, so the write still runs after the reads;
