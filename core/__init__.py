@@ -7,7 +7,11 @@ Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `
 `core` imports nothing else from ember.
 """
 
-from . import config as config
+from . import compat as _compat
+
+_compat.check_torch_version()
+
+from . import config as config  # noqa: E402
 from . import partition_specs as partition_specs
 from . import pytree as pytree
 from . import random as random

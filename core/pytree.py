@@ -29,11 +29,13 @@ import warnings
 from typing import Any, Callable, Iterable, List, Tuple, TypeVar
 
 import torch
-import torch.utils._pytree as _pytree
+
+from .compat.pytree import torch_pytree as _pytree
 
 from .types import PyTree
 
 __all__ = [
+    "TreeSpec",
     "check_same_structure",
     "dataclass",
     "field",
@@ -41,6 +43,7 @@ __all__ = [
     "keystr",
     "tree_flatten",
     "tree_flatten_with_path",
+    "tree_is_leaf",
     "tree_leaves",
     "tree_leaves_with_path",
     "tree_map",
@@ -58,6 +61,8 @@ tree_flatten = _pytree.tree_flatten
 tree_unflatten = _pytree.tree_unflatten
 tree_structure = _pytree.tree_structure
 tree_flatten_with_path = _pytree.tree_flatten_with_path
+TreeSpec = _pytree.TreeSpec
+tree_is_leaf = _pytree.tree_is_leaf
 
 
 def field(*, static: bool = False, **kwargs: Any) -> Any:

@@ -59,10 +59,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.utils.checkpoint
 from torch import Tensor
-from torch._C import _functorch
-from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
-from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
 
+from .compat import functorch as _levels
 from .pytree import tree_flatten, tree_unflatten
 from .types import PyTree
 
@@ -127,13 +125,13 @@ class _RematFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
         saved, needs = ctx.saved_tensors, ctx.needs_input_grad[1:]
-        level = _own_grad_level(saved, grad_outputs)
+        level = _levels.own_grad_level(saved, grad_outputs)
         if level is None:
             # A remat nested in another remat's recomputation saved tensors wrapped for a
             # `torch.func.vjp` level that has since exited; unwrap them as the dispatcher would
             # (NOTE [functorch vjp and autograd interaction] in torch/_functorch).
-            saved = _unwrap_dead_wrappers(saved)
-            grad_outputs = _unwrap_dead_wrappers(grad_outputs)
+            saved = _levels.unwrap_dead_wrappers(saved)
+            grad_outputs = _levels.unwrap_dead_wrappers(grad_outputs)
             return (None, *_recompute_vjp(ctx.plan, saved, grad_outputs, needs))
         # Running the backward of `torch.func.grad`'s own level: functorch runs it with
         # create_graph=True, so every op here would also be recorded at this level and its
@@ -141,13 +139,14 @@ class _RematFunction(torch.autograd.Function):
         # which is exactly the memory remat exists to save. Nothing can differentiate a level's
         # backward at that same level, so compute one level down (outer levels still record,
         # so grad-of-grad stays exact) and wrap the results back.
-        interpreter = retrieve_current_functorch_interpreter()
-        down = lambda t: t if t is None else _functorch._unwrap_for_grad(t, level)  # noqa: E731
-        with interpreter.lower():
+        with _levels.current_interpreter().lower():
             grads = _recompute_vjp(
-                ctx.plan, [down(t) for t in saved], [down(g) for g in grad_outputs], needs
+                ctx.plan,
+                [_levels.unwrap_for_grad(t, level) for t in saved],
+                [_levels.unwrap_for_grad(g, level) for g in grad_outputs],
+                needs,
             )
-        return (None, *(g if g is None else _functorch._wrap_for_grad(g, level) for g in grads))
+        return (None, *(_levels.wrap_for_grad(g, level) for g in grads))
 
     @staticmethod
     def jvp(ctx: Any, _plan_tangent: None, *tangents: Optional[Tensor]) -> Tuple[Tensor, ...]:
@@ -171,26 +170,6 @@ class _RematFunction(torch.autograd.Function):
             run, tuple(primals[i] for i in diff_in), tuple(tangents[i] for i in diff_in)
         )
         return out_tangents
-
-
-def _own_grad_level(saved: Sequence[Tensor], grad_outputs: Sequence[Any]) -> Optional[int]:
-    """The current functorch grad level if this backward belongs to it, else None.
-
-    True when the innermost transform is `grad`/`vjp` and no saved tensor or incoming gradient
-    is a dead wrapper or a wrapper of a deeper level: then the engine is running that level's
-    own backward. Not when a `torch.func.vjp` function runs after its level exited (its wrappers
-    are dead), nor under a generated vmap rule (the innermost transform is vmap).
-    """
-    interpreter = _functorch.peek_interpreter_stack()
-    if interpreter is None or interpreter.key() != _functorch.TransformType.Grad:
-        return None
-    level = interpreter.level()
-    for t in (*saved, *grad_outputs):
-        if t is None or not _functorch.is_gradtrackingtensor(t):
-            continue  # plain tensors (a batch captured from outside) need no unwrapping
-        if _functorch.is_dead_tensor_wrapper(t) or _functorch.maybe_get_level(t) > level:
-            return None
-    return level
 
 
 def _recompute_vjp(

@@ -20,8 +20,9 @@ Example (a script that wants 4 virtual devices; skipped as a doctest because it 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Optional, Sequence
+
+from .compat import torch_xla as torch_xla_internals
 
 __all__ = [
     "compile_count",
@@ -32,9 +33,10 @@ __all__ = [
 ]
 
 _MSG_NO_TORCH_XLA = (
-    "{what} needs torch_xla, which is not importable here ({err}). Install it with "
-    "`pip install -e .[xla]` (or `make install`); torch_xla 2.9.0 wheels exist for Linux x86-64 "
-    "and need torch 2.9.0. Without it, use backend='inductor' or backend='eager'."
+    "{what} needs torch_xla, which is not importable here ({err}). Install it in its own "
+    "environment with `pip install \"ember[xla]\"` (from a checkout: `make install-xla`, which "
+    "makes .venv-xla): torch_xla 2.9.0 has wheels for Linux x86-64 only and brings torch 2.9.0 "
+    "exactly. Without it, use backend='inductor' or backend='eager'."
 )
 
 _MSG_ALREADY_INITIALIZED = (
@@ -71,11 +73,7 @@ def is_runtime_initialized() -> bool:
 
     Never imports torch_xla: if it was not imported, the runtime cannot have started.
     """
-    if "torch_xla" not in sys.modules:
-        return False
-    torch_xla = sys.modules["torch_xla"]
-    xlac = getattr(torch_xla, "_XLAC", None)
-    return bool(xlac is not None and xlac._xla_runtime_is_initialized())
+    return torch_xla_internals.runtime_is_initialized()
 
 
 def xla_cpu_devices(n: int) -> None:
@@ -137,4 +135,4 @@ def sync(tensors: Optional[Sequence[Any]] = None, *, wait: bool = False) -> None
     if tensors is None:
         torch_xla.sync(wait=wait)
     else:
-        torch_xla._XLAC._xla_sync_multi(list(tensors), devices=[], wait=wait, sync_xla_data=True)
+        torch_xla_internals.sync_tensors(tensors, wait=wait)

@@ -31,9 +31,9 @@ def _simulate(argv, mesh_text):
     from ember.core.xla import require_torch_xla
 
     require_torch_xla("launch/tpu_pod.py")
-    from torch_xla._internal import tpu
+    from ember.core.compat.torch_xla import tpu_chip_count
 
-    if tpu.num_available_chips() > 0:
+    if tpu_chip_count() > 0:
         return None
     from ember.core.mesh import Mesh
 

@@ -50,7 +50,7 @@ def test_layering():
                 if target in {"core", "optim", "data", "models", "launch"} and target not in allowed:
                     bad.append(f"{path.relative_to(ROOT)}:{lineno} imports ember.{target}")
     for path in sorted(ROOT.rglob("*.py")):
-        if ".venv" in path.parts or path.parts[len(ROOT.parts)] in {"launch", "tests"}:
+        if any(part.startswith(".venv") for part in path.parts) or path.parts[len(ROOT.parts)] in {"launch", "tests"}:
             continue
         for lineno, target in _ember_imports(path, ""):
             if target == "launch":

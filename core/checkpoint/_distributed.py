@@ -66,7 +66,8 @@ def _coordinator_address() -> str:
 
 def _initialize_jax(world: int, rank: int) -> None:
     import jax
-    from jax._src import xla_bridge
+
+    from ..compat.jax_backend import jax_backends_started
 
     jax.config.update("jax_enable_x64", True)  # else jax turns int64 steps and keys (and float64) into 32 bits
     if jax.distributed.is_initialized():
@@ -77,7 +78,7 @@ def _initialize_jax(world: int, rank: int) -> None:
                 f"same order. Initialise jax with num_processes=world_size, process_id=rank, or leave it to ember."
             )
         return
-    if xla_bridge.backends_are_initialized():
+    if jax_backends_started():
         raise RuntimeError(
             f"a multi-process checkpoint needs jax.distributed (torch.distributed runs {world} processes), but jax "
             f"already started its backend in this process without it. Build the CheckpointManager (on every rank) "

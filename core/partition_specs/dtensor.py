@@ -26,7 +26,7 @@ because under `torch.func.grad` the model sees functorch wrappers, not DTensors.
 trace that Function inside `torch.func.grad` (torch 2.9), so in a compiled step the constraints
 inside the gradient transform are skipped: DTensor's own op rules pick the redistributions (the
 results are the same; gradients come back as pending sums, all-reduced where the optimizer first
-needs them whole). `_dtensor_rules` adds the sharding rules torch 2.9 lacks or gets wrong
+needs them whole). `compat/dtensor_rules.py` adds the sharding rules torch 2.9 lacks or gets wrong
 (select, gather, vector norms of pending sums, logsumexp, CPU scaled-dot-product attention).
 
 Example (two gloo processes; see `tests/partition_specs/test_dtensor_matrix.py`):
@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from ..mesh import Mesh
-from . import _dtensor_rules
+from ..compat import dtensor_rules
 from .rules import ShardingRuleError
 from .spec import PartitionSpec
 
@@ -178,7 +178,7 @@ class DTensorLowering:
         mesh.validate(dist.get_world_size())
         from torch.distributed.device_mesh import init_device_mesh
 
-        _dtensor_rules.install()
+        dtensor_rules.install()
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         self._device_mesh = init_device_mesh(self.device_type, mesh.shape, mesh_dim_names=mesh.names)
 

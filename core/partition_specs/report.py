@@ -29,7 +29,7 @@ import math
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
-from torch.utils._pytree import tree_flatten_with_path
+from ..pytree import tree_flatten_with_path
 
 from .. import pytree
 from ..mesh import Mesh

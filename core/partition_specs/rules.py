@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
-from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
+from ..pytree import tree_flatten_with_path, tree_unflatten
 
 from .. import pytree
 from .spec import MeshAxes, PartitionSpec

@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any, ContextManager, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_structure, tree_unflatten
+from ..pytree import tree_flatten, tree_map, tree_structure, tree_unflatten
 
 from ..mesh import Mesh
 from .layouts import Layout

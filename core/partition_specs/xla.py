@@ -54,6 +54,7 @@ from typing import Any, ContextManager, Optional, Sequence, Tuple
 
 import torch
 
+from ..compat import torch_xla as torch_xla_internals
 from ..mesh import Mesh, MeshError
 from ..xla import is_runtime_initialized, require_torch_xla
 from .rules import ShardingRuleError
@@ -215,13 +216,6 @@ def partition_tuple(spec: PartitionSpec, mesh_names: Sequence[str], *, ndim: int
     return tuple(spec)
 
 
-def _functorch_base(t: torch.Tensor) -> torch.Tensor:
-    """The XLA tensor under torch.func's wrappers (grad / vmap levels), which torch_xla can annotate."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(t):
-        t = torch._C._functorch.get_unwrapped(t)
-    return t
-
-
 def _annotated(t: torch.Tensor, xmesh: Any, partition: Tuple[Any, ...]) -> torch.Tensor:
     """A copy of `t` whose IR node is a sharding custom-call (`t` itself is left alone).
 
@@ -231,7 +225,7 @@ def _annotated(t: torch.Tensor, xmesh: Any, partition: Tuple[Any, ...]) -> torch
     import torch_xla.distributed.spmd as xs
 
     out = t.clone()
-    xs.annotate_custom_sharding(_functorch_base(out), xmesh, partition)
+    xs.annotate_custom_sharding(torch_xla_internals.functorch_base(out), xmesh, partition)
     return out
 
 
@@ -315,12 +309,7 @@ class XlaLowering:
         """
         if x.device.type != "xla":
             return tuple(x.shape)
-        import torch_xla
-
-        xlac = torch_xla._XLAC
-        if xlac._get_xla_sharding_spec(x) in ("", "{replicated}"):
-            return tuple(x.shape)
-        index = xlac._get_local_shard_replica_and_indices([x])[0][0][1]
+        index = torch_xla_internals.local_shard_index(x)
         if index is Ellipsis:
             return tuple(x.shape)
         return tuple(len(range(*s.indices(n))) for s, n in zip(index, x.shape))

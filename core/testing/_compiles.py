@@ -17,14 +17,14 @@ _MSG_RECOMPILE_HINT = (
     "Usual causes: the compiled function is re-created (or re-wrapped with torch.compile) inside "
     "a loop; a Python int/float argument changes between calls (dynamo specialises on it: pass a "
     "0-d tensor instead); a static pytree field (a hyperparameter) changes. In parametrized "
-    "tests, call torch._dynamo.reset() between cases."
+    "tests, call torch.compiler.reset() between cases."
 )
 
 
 def _compile_count() -> int:
-    from torch._dynamo.utils import counters
+    from ..compat.inductor import dynamo_graph_count
 
-    return int(counters["stats"]["unique_graphs"])
+    return dynamo_graph_count()
 
 
 def _signature(args: Tuple[Any, ...], kwargs: Dict[str, Any]):
@@ -114,7 +114,7 @@ class _CompileLimit:
         elif self.history and self.history[-1][2] > 1:
             detail = (
                 f" Call {self.history[-1][0]} alone compiled {self.history[-1][2]} graphs: "
-                f"graph breaks split the function (check with torch._dynamo.explain)."
+                f"graph breaks split the function (check with `TORCH_LOGS=graph_breaks`)."
             )
         raise AssertionError(
             f"expected at most {self.n} graph compilation"

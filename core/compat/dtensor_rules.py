@@ -1,7 +1,10 @@
-"""DTensor sharding rules torch 2.9 lacks or gets wrong, installed by `DTensorLowering` (private).
+"""DTensor sharding rules torch lacks or gets wrong, installed by `DTensorLowering` (WORKAROUNDS entry).
 
 Each fix is registered on DTensor's global sharding propagator, once per process (`install()` is
-idempotent), and is what a torch upgrade would make unnecessary:
+idempotent), only where torch's own rule is missing or is the faulty old-style one: from torch
+2.10 on, rules written per mesh dimension (`op_single_dim_strategy_funcs`) take precedence, and
+2.15 has fixed `select`, the norms and `logsumexp` there. What a torch upgrade would make
+unnecessary:
 
 * `aten.select.int` aliases its input's spec as its output spec when the selected dimension is
   not sharded; the dispatcher then writes the output's shape into it, which rewrites the cached
@@ -14,7 +17,7 @@ idempotent), and is what a torch upgrade would make unnecessary:
   ember's cross-entropy squeezes the gathered `(B, T, 1)` to `(B, T)` before the sum, which then
   fails applying a `(B, T, 1)` mask to a `(B, T)` tensor (IndexError in `_MaskPartial`). The
   option is dropped, so the gathered dimension is made whole first (the same all-gather of the
-  vocabulary-split logits that `logsumexp` does).
+  vocabulary-split logits that `logsumexp` does). Still offered by torch 2.15's per-dimension rule.
 * `aten.linalg_vector_norm` and `aten._foreach_norm` keep a `Partial(sum)` input partial and so
   return the sum of the local norms instead of the norm of the sum (pytorch/pytorch#159856, fixed
   after 2.9). A gradient that reaches the global-norm clip as a pending sum (a replicated
@@ -134,6 +137,16 @@ def _sdpa_cpu_backward_strategy(op_schema: Any) -> Any:
     return expand_to_full_mesh_op_strategy(mesh, op_schema, per_dim, input_index=3)
 
 
+def _single_dim_gather_without_mask_partial(original: Any) -> Any:
+    def gather_single_dim_strategy(*args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.tensor._ops._embedding_ops import _MaskPartial
+
+        rows = original(*args, **kwargs)
+        return [row for row in rows if not any(isinstance(p, _MaskPartial) for p in row)]
+
+    return gather_single_dim_strategy
+
+
 def install() -> None:
     """Register the rules above on DTensor's sharding propagator (once per process)."""
     global _INSTALLED
@@ -144,21 +157,31 @@ def install() -> None:
 
     aten = torch.ops.aten
     prop = DTensor._op_dispatcher.sharding_propagator
-    select = prop.op_strategy_funcs.get(aten.select.int)
-    if select is not None:
-        prop.op_strategy_funcs[aten.select.int] = _select_with_fresh_output(select)
-    gather = prop.op_strategy_funcs.get(aten.gather.default)
-    if gather is not None:
-        prop.op_strategy_funcs[aten.gather.default] = _gather_without_mask_partial(gather)
-    prop.op_strategy_funcs[aten.linalg_vector_norm.default] = _vector_norm_strategy
-    prop.op_strategy_funcs[aten._foreach_norm.Scalar] = _foreach_norm_strategy
-    if aten.logsumexp.default not in prop.op_strategy_funcs:
+    per_dim = getattr(prop, "op_single_dim_strategy_funcs", {})  # torch >= 2.10
+
+    def has_rule(op: Any) -> bool:
+        return op in prop.op_strategy_funcs or op in per_dim
+
+    if aten.gather.default in per_dim:
+        info = per_dim[aten.gather.default]
+        per_dim[aten.gather.default] = dataclasses.replace(
+            info, func=_single_dim_gather_without_mask_partial(info.func))
+    elif aten.gather.default in prop.op_strategy_funcs:
+        prop.op_strategy_funcs[aten.gather.default] = _gather_without_mask_partial(
+            prop.op_strategy_funcs[aten.gather.default])
+    if aten.select.int in prop.op_strategy_funcs and aten.select.int not in per_dim:
+        prop.op_strategy_funcs[aten.select.int] = _select_with_fresh_output(prop.op_strategy_funcs[aten.select.int])
+    if aten.linalg_vector_norm.default not in per_dim:
+        prop.op_strategy_funcs[aten.linalg_vector_norm.default] = _vector_norm_strategy
+    if aten._foreach_norm.Scalar not in per_dim:
+        prop.op_strategy_funcs[aten._foreach_norm.Scalar] = _foreach_norm_strategy
+    if not has_rule(aten.logsumexp.default):
         prop.register_op_strategy(aten.logsumexp.default, _logsumexp_strategy, schema_info=RuntimeSchemaInfo(1))
     fwd = aten._scaled_dot_product_flash_attention_for_cpu.default
     bwd = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-    if fwd not in prop.op_strategy_funcs:
+    if not has_rule(fwd):
         prop.register_op_strategy(fwd, _sdpa_cpu_strategy, schema_info=RuntimeSchemaInfo(3, ["scale"]))
-    if bwd not in prop.op_strategy_funcs:
+    if not has_rule(bwd):
         prop.register_op_strategy(bwd, _sdpa_cpu_backward_strategy, schema_info=RuntimeSchemaInfo(6, ["scale"]))
     prop.propagate_op_sharding.cache.cache_clear()  # drop entries a buggy select may have rewritten
     _INSTALLED = True

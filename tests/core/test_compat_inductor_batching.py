@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from ember.core import _inductor_batching as batching
+from ember.core.compat import inductor_batching as batching
 from ember.core import jit
 from ember.core.testing import assert_trees_all_close
 

@@ -201,7 +201,7 @@ def _torch_classes() -> Tuple[Any, Any]:
         def __init__(self, batch: _Batch, kernel: _Kernel) -> None:
             self.batch, self.kernel = batch, kernel
 
-        def result(self) -> Callable[..., Any]:
+        def result(self, *_: Any, **__: Any) -> Callable[..., Any]:  # torch 2.15 passes timeout=
             if not self.batch.built:
                 self.batch.build()
             assert self.kernel.fn is not None

@@ -1,7 +1,7 @@
 """Trace a function once per input signature with `make_fx` on fake tensors, compile it with Inductor.
 
-Private to `jit(backend="inductor")`. This is `jax.jit`'s model: the Python function runs once,
-abstractly, for each new signature (pytree structure and static fields, each tensor's shape,
+Used by `jit(backend="inductor")` (see `inductor.py` for when). This is `jax.jit`'s model: the
+Python function runs once, abstractly, for each new signature (pytree structure and static fields, each tensor's shape,
 strides, dtype and device, which arguments are the same tensor, every non-tensor leaf's value,
 grad mode and autocast), and the resulting ATen graph goes to Inductor's `compile_fx` as is.
 
@@ -20,20 +20,21 @@ Inputs Dynamo knows better are left to it (`FxCompiled.accepts` is False): tenso
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Tuple
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import TreeSpec
 
-from ._inductor_batching import batched_cpu_kernels
-from ._inductor_frees import frees_after_last_read
-from ._inductor_isa import vec_isa_probe_memo
-from .pytree import tree_flatten, tree_unflatten
+from ..compat import compiling_with
+from ..compat.pytree import spec_children
+from ..compat.inductor import DataDependentError, cacheable_compile_context, trace_on_fake_tensors
+from ..compat.inductor_batching import batched_cpu_kernels
+from ..compat.inductor_frees import frees_after_last_read
+from ..compat.inductor_isa import vec_isa_probe_memo
+from ..pytree import TreeSpec, tree_flatten, tree_unflatten
 
 __all__ = ["FxCompiled"]
 
@@ -83,9 +84,11 @@ class FxCompiled:
     precise error.
     """
 
-    def __init__(self, fn: Callable[..., Tuple[Any, bool]], compiler: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Tuple[Any, bool]], compiler: Callable[..., Any],
+                 around_compile: Callable[[], ContextManager[Any]]) -> None:
         self._fn = fn
         self._compiler = compiler
+        self._around_compile = around_compile
         self._graphs: Dict[Any, _Graph] = {}
         self._alive: List[Any] = []  # what keys hold by id() (unhashable leaves, specs): ids stay unique
 
@@ -126,12 +129,6 @@ class FxCompiled:
         return tree_unflatten(out, graph.out_spec), True
 
     def _compile(self, leaves: List[Any], spec: Any, unique: List[Tensor]) -> _Graph:
-        from torch._guards import TracingContext, tracing
-        from torch._subclasses.fake_tensor import DataDependentOutputException
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.proxy_tensor import make_fx
-        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
-
         position = {id(t): j for j, t in enumerate(unique)}  # a tensor passed twice is one input
         recorded: Dict[str, Any] = {}
 
@@ -156,23 +153,22 @@ class FxCompiled:
             recorded["kinds"] = tuple(kinds)
             return tuple(graph_out)
 
-        # On CPU, Inductor's ISA checks run (or are remembered) while the step is being traced.
-        on_cpu = any(t.device.type == "cpu" for t in unique)
-        with vec_isa_probe_memo() if on_cpu else contextlib.nullcontext():
-            # `torch.compiler.is_compiling()` is True while tracing, as under torch.compile and export.
-            before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
+        def trace_and_compile() -> Callable[..., Any]:
+            gm = trace_on_fake_tensors(flat, unique)
+            with cacheable_compile_context():
+                return self._compiler(gm, unique)
+
+        patches = [("frees_after_last_read", frees_after_last_read)]
+        if any(t.device.type == "cpu" for t in unique):
+            # The ISA checks start first, so they run (or are remembered) while the step is traced.
+            patches = [("vec_isa_probe_memo", vec_isa_probe_memo), *patches,
+                       ("cpp_kernel_batching", batched_cpu_kernels)]
+        with self._around_compile():
             try:
-                gm = make_fx(flat, tracing_mode="fake", _allow_non_fake_inputs=True)(*unique)
-            except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
-                raise RuntimeError(_MSG_READS_VALUE.format(detail=str(err).splitlines()[0][:200])) from err
-            finally:
-                torch.compiler._is_compiling_flag = before
-            if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
-                raise RuntimeError(_MSG_READS_VALUE.format(detail="a tensor was converted to a Python number"))
-            # A fake mode with a shape environment lets Inductor and AOTAutograd cache the graph on disk.
-            with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))), frees_after_last_read(), \
-                    batched_cpu_kernels() if on_cpu else contextlib.nullcontext():
-                compiled = self._compiler(gm, unique)
+                compiled = compiling_with(patches, trace_and_compile,
+                                          passthrough=(DataDependentError, _NotDonatable))
+            except DataDependentError as err:
+                raise RuntimeError(_MSG_READS_VALUE.format(detail=err)) from None
         return _Graph(compiled, recorded["spec"], recorded["kinds"])
 
 
@@ -186,7 +182,7 @@ def _fingerprint(x: Any, depth: int = 0) -> Any:
         return ("id", id(x))
     d = depth + 1
     if isinstance(x, TreeSpec):
-        return ("spec", x.type, _fingerprint(x.context, d), tuple(_fingerprint(c, d) for c in x.children_specs))
+        return ("spec", x.type, _fingerprint(x.context, d), tuple(_fingerprint(c, d) for c in spec_children(x)))
     if isinstance(x, types.FunctionType):
         cells = []
         for cell in x.__closure__ or ():

@@ -1,0 +1,161 @@
+"""The one place where ember touches torch / torch_xla / jax internals, each entry with its reason.
+
+Every private name ember uses is reached through a module of this package, and every module is
+listed in `WORKAROUNDS` with the upstream issue it works around, the torch versions on which it was
+measured to be needed and to work, and the test that fails when a newer release makes it
+unnecessary or breaks it (`tests/core/test_compat*.py`).
+
+Entries of kind "patch" change what torch does. They run only inside ember's own compiles, only
+on the versions they were measured on, and only while `EMBER_DISABLE_PATCHES` (a comma-separated
+list of names, or `all`) does not name them. A patch that fails is dropped with one warning and
+the plain path runs (`compiling_with`). Entries of kind "access" only read a private name that
+has no public equivalent yet; where that name is gone they fall back or say what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import warnings
+from typing import Callable, ContextManager, Dict, Iterator, Sequence, Tuple, TypeVar
+
+import torch
+
+__all__ = [
+    "TESTED_TORCH",
+    "WORKAROUNDS",
+    "Workaround",
+    "check_torch_version",
+    "compiling_with",
+    "patch_enabled",
+    "torch_minor",
+    "warn_once",
+]
+
+TESTED_TORCH: Tuple[str, str] = ("2.9.0", "2.15.0")  # oldest and newest torch CI builds and tests
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workaround:
+    """One use of another project's internals: why, where it was measured, what tests it."""
+
+    name: str
+    kind: str  # "patch" (changes torch's behaviour inside ember's compiles) or "access"
+    upstream: str  # the upstream issue or gap it works around
+    torch: Tuple[str, ...]  # torch minor versions where it was measured to be needed and to work
+    test: str  # the test that fails once a release makes it unnecessary or breaks it
+
+
+_TESTS = "tests/core/test_compat.py"
+
+WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
+    # Inductor builds one shared library per CPU kernel (a g++ run each, mostly PCH load and link).
+    # No upstream issue asks to batch them; the nearest are pytorch/pytorch#144293 (precompiled
+    # header) and #147323 (splitting one huge translation unit).
+    Workaround("cpp_kernel_batching", "patch", "https://github.com/pytorch/pytorch/pull/144293",
+               ("2.9", "2.15"), "tests/core/test_compat_inductor_batching.py"),
+    # torch 2.15's own lifetimes free a matmul output before the donated write (measured).
+    Workaround("frees_after_last_read", "patch", "https://github.com/pytorch/pytorch/pull/196664",
+               ("2.9",), "tests/core/test_compat_inductor_frees.py"),
+    # torch 2.15 leaves a `.load_ok` marker per passed check itself (measured: 0 probes warm).
+    Workaround("vec_isa_probe_memo", "patch", "https://github.com/pytorch/pytorch/issues/140970",
+               ("2.9",), f"{_TESTS}::test_isa_memo_is_needed_exactly_where_gated"),
+    # pytorch/pytorch#179290 (select, fixed by #179318), #159856 (norm of Partial), #163879
+    # (logsumexp), #120333 (SDPA: the CUDA op only; the CPU op has no rule).
+    Workaround("dtensor_rules", "patch", "https://github.com/pytorch/pytorch/issues/179290",
+               ("2.9", "2.15"), f"{_TESTS}::test_dtensor_rules_are_still_missing"),
+    # No public API hands a graph traced outside Dynamo to Inductor (pytorch/pytorch#188734, open).
+    Workaround("fake_tracing", "access", "https://github.com/pytorch/pytorch/pull/188734",
+               ("2.9", "2.15"), f"{_TESTS}::test_traced_inductor_names_exist"),
+    Workaround("functorch_levels", "access", "https://github.com/pytorch/pytorch/issues/122729",
+               ("2.9", "2.15"), f"{_TESTS}::test_checkpoint_still_fails_under_func_grad"),
+    Workaround("pytree", "access", "https://github.com/pytorch/pytorch/issues/65761",
+               ("2.9", "2.15"), f"{_TESTS}::test_pytree_has_no_public_module"),
+    Workaround("dynamo_counters", "access", "https://github.com/pytorch/pytorch/pull/185782",
+               ("2.9", "2.15"), f"{_TESTS}::test_traced_inductor_names_exist"),
+    Workaround("torch_xla_internals", "access", "https://github.com/pytorch/xla/issues/9276",
+               ("2.9",), "tests/core/test_jit_xla.py"),
+    Workaround("jax_backend_state", "access", "https://github.com/jax-ml/jax/issues/18237",
+               ("2.9", "2.15"), "tests/core/test_checkpoint_mesh.py"),
+)}
+
+
+def torch_minor() -> str:
+    """`"2.15"` for torch 2.15.0+cu132: the release line a workaround was measured on."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return f"{major}.{minor}"
+
+
+_warned: set = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """Warn `message` the first time `key` is seen in this process."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def check_torch_version() -> None:
+    """Warn once if this torch is outside the tested range (run when `ember.core` is imported)."""
+    low, high = TESTED_TORCH
+    version = torch.__version__.split("+")[0]
+    if not (torch.__version__ >= low and torch.__version__ < _next_minor(high)):
+        warn_once("torch_version", (
+            f"ember is tested on torch {low} to {high}, but this is torch {version}. It may work; "
+            f"if it fails, install a tested torch (`pip install 'torch>={low},<={high}'`)."))
+
+
+def _next_minor(version: str) -> str:
+    major, minor = version.split(".")[:2]
+    return f"{major}.{int(minor) + 1}"
+
+
+_failed: set = set()  # patches that broke a compile in this process
+
+
+def patch_enabled(name: str) -> bool:
+    """Whether patch `name` runs here: measured on this torch, not disabled, not failed before."""
+    disabled = {n.strip() for n in os.environ.get("EMBER_DISABLE_PATCHES", "").split(",")}
+    return (torch_minor() in WORKAROUNDS[name].torch and name not in _failed
+            and not disabled & {name, "all"})
+
+
+def compiling_with(patches: Sequence[Tuple[str, Callable[[], ContextManager]]],
+                   compile_fn: Callable[[], T], passthrough: Tuple[type, ...] = ()) -> T:
+    """`compile_fn()` inside the enabled patches; if it fails with patches on, once more without.
+
+    A patch that breaks (an internal renamed, a signature changed) warns once, naming itself and
+    the torch version, and stays off for the rest of the process; the user's step still compiles.
+    If the plain compile fails too, the patches were not to blame: its error is raised. Errors of
+    the `passthrough` types (the user's own, such as reading a value while tracing) are raised as is.
+    """
+    active = [(name, make) for name, make in patches if patch_enabled(name)]
+    if not active:
+        return compile_fn()
+    try:
+        with _entered(active):
+            return compile_fn()
+    except passthrough:
+        raise
+    except Exception as err:
+        names = [name for name, _ in active]
+        result = compile_fn()  # raises the plain path's own error if the patches were not the cause
+        _failed.update(names)
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        warn_once(f"patch-failed:{','.join(names)}", (
+            f"ember's torch patch(es) {names} failed on torch {torch.__version__} "
+            f"({type(err).__name__}: {first_line}); compiled without them. Set "
+            f"EMBER_DISABLE_PATCHES={','.join(names)} to skip them from the start."))
+        return result
+
+
+@contextlib.contextmanager
+def _entered(active: Sequence[Tuple[str, Callable[[], ContextManager]]]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for _, make in active:
+            stack.enter_context(make())
+        yield

@@ -1,0 +1,205 @@
+"""ember.core.compat: every use of another project's internals is listed, gated, tested, and safe to fail.
+
+Each `WORKAROUNDS` entry names a test; the tests here fail when a torch release makes an entry
+unnecessary (then drop it or narrow its gate) or breaks it.
+"""
+
+import importlib.util
+import inspect
+import io
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+import tokenize
+import warnings
+from contextlib import contextmanager
+from unittest import mock
+
+import pytest
+import torch
+
+import ember.core.compat as compat
+from ember.core import jit
+from ember.core.compat import WORKAROUNDS, patch_enabled, torch_minor
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PRIVATE = re.compile(r"torch\.(?!_foreach_|__)_\w|torch_xla\._|\b_XLAC\b|jax\._src|\btorch\.utils\._")
+
+
+def _code_without_strings(path: pathlib.Path) -> list:
+    """(line number, code) of every token that is neither a string nor a comment."""
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    kept = {}
+    for tok in tokens:
+        if tok.type not in (tokenize.STRING, tokenize.COMMENT):
+            kept.setdefault(tok.start[0], []).append(tok.string)
+    return [(n, "".join(parts)) for n, parts in kept.items()]
+
+
+def test_no_private_names_outside_the_compat_package():
+    found = []
+    for folder in ("core", "models", "optim", "data", "launch"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if (ROOT / "core" / "compat") in path.parents:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{n}: {code}" for n, code in _code_without_strings(path)
+                      if PRIVATE.search(code)]
+    assert not found, "private torch / torch_xla / jax names outside core/compat:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("name", sorted(WORKAROUNDS))
+def test_every_workaround_names_its_upstream_gate_and_test(name):
+    w = WORKAROUNDS[name]
+    assert w.kind in ("patch", "access")
+    assert re.fullmatch(r"https://github\.com/[\w-]+/[\w-]+/(issues|pull)/\d+", w.upstream), w.upstream
+    assert w.torch and set(w.torch) <= {"2.9", "2.15"}, "gate only on versions CI measures"
+    file, _, test = w.test.partition("::")
+    source = (ROOT / file).read_text()
+    assert not test or f"def {test}(" in source, f"{w.test} does not exist"
+
+
+def test_a_patch_runs_only_on_the_versions_it_was_measured_on(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    assert not patch_enabled("cpp_kernel_batching")
+    monkeypatch.setattr(torch, "__version__", "2.9.0+cpu")
+    assert patch_enabled("cpp_kernel_batching")
+    monkeypatch.setenv("EMBER_DISABLE_PATCHES", "frees_after_last_read,cpp_kernel_batching")
+    assert not patch_enabled("cpp_kernel_batching")
+    monkeypatch.setenv("EMBER_DISABLE_PATCHES", "all")
+    assert not patch_enabled("vec_isa_probe_memo")
+
+
+@pytest.mark.parametrize("version, warns", [("2.8.1", True), ("2.9.0", False), ("2.12.0+cu130", False),
+                                            ("2.15.0+cu132", False), ("2.16.0", True)])
+def test_a_torch_outside_the_tested_range_warns_once(monkeypatch, version, warns):
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion(version))
+    monkeypatch.setattr(compat, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compat.check_torch_version()
+        compat.check_torch_version()
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == int(warns), messages
+    if warns:
+        assert "tested on torch 2.9.0 to 2.15.0" in messages[0] and version.split("+")[0] in messages[0]
+
+
+@contextmanager
+def _inductor_codegen_breaks():
+    """A stand-in for a patch that meets an Inductor it does not know: codegen raises inside it."""
+    def broken(*args, **kwargs):
+        raise TypeError("result() got an unexpected keyword argument 'timeout'")
+
+    with mock.patch("torch._inductor.graph.GraphLowering.codegen", broken):
+        yield
+
+
+def test_a_failing_patch_warns_once_and_the_step_still_compiles(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # compile for real, not from the cache
+    monkeypatch.setattr(compat, "_failed", set())
+    monkeypatch.setattr(compat, "_warned", set())
+    monkeypatch.setattr("ember.core.jit_backends.traced.batched_cpu_kernels", _inductor_codegen_breaks)
+    assert patch_enabled("cpp_kernel_batching")
+    with pytest.warns(RuntimeWarning, match=r"patch\(es\) \[.*'cpp_kernel_batching'\] failed on torch "
+                                            r".*unexpected keyword argument 'timeout'.*EMBER_DISABLE_PATCHES="):
+        out = jit(lambda x: (x * 3).sin())(torch.ones(4))
+    torch.testing.assert_close(out, torch.ones(4).mul(3).sin())
+    assert not patch_enabled("cpp_kernel_batching")  # off for the rest of the process: no second try
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(jit(lambda x: x.cos() * 2)(torch.ones(3)), torch.ones(3).cos() * 2)
+
+
+def test_an_error_of_the_step_itself_is_not_blamed_on_a_patch(monkeypatch):
+    monkeypatch.setattr(compat, "_failed", set())
+    with pytest.raises(RuntimeError, match="reads a tensor's value"):
+        jit(lambda x: x * x.sum().item())(torch.ones(3))
+    assert not compat._failed
+
+
+_ISA_CHILD = textwrap.dedent("""
+    import json, subprocess
+    import torch._inductor.cpu_vec_isa as isa
+    probes = []
+
+    class Counted:  # Inductor's ISA checks load their test program in a subprocess
+        def __getattr__(self, name):
+            return getattr(subprocess, name)
+        def run(self, *a, **k):
+            probes.append(a)
+            return subprocess.run(*a, **k)
+        def check_call(self, *a, **k):
+            probes.append(a)
+            return subprocess.check_call(*a, **k)
+
+    isa.subprocess = Counted()
+    isa.valid_vec_isa_list()
+    print(json.dumps({"probes": len(probes)}))
+""")
+
+
+@pytest.mark.slow
+def test_isa_memo_is_needed_exactly_where_gated(tmp_path):
+    """Plain Inductor, two processes on one cache: the second repeats its ISA subprocesses exactly
+    where ember's memo is gated on. If this fails on a gated torch, that release remembers them."""
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this CPU has no vector ISA for Inductor to check")
+    env = {"PATH": "/usr/bin:/bin", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _ISA_CHILD], env=env, capture_output=True,
+                                      text=True, check=True).stdout.strip().splitlines()[-1])
+            for _ in range(2)]
+    assert runs[0]["probes"] > 0
+    gated = torch_minor() in WORKAROUNDS["vec_isa_probe_memo"].torch
+    assert (runs[1]["probes"] > 0) == gated, runs
+
+
+def test_traced_inductor_names_exist():
+    """The names `compat/inductor.py` reaches, and no public replacement yet (pytorch/pytorch#188734)."""
+    assert callable(torch._TorchCompileInductorWrapper)
+    assert isinstance(torch.compiler._is_compiling_flag, bool)
+    from torch._dynamo.utils import counters
+    from torch._guards import TracingContext, tracing  # noqa: F401
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode  # noqa: F401
+
+    assert "unique_graphs" in counters["stats"] or isinstance(counters["stats"], dict)
+    assert "tracer" not in inspect.signature(torch.compile).parameters, (
+        "torch.compile takes a tracer now: try it in place of compat/inductor.py's make_fx path")
+
+
+def test_pytree_has_no_public_module():
+    assert importlib.util.find_spec("torch.utils.pytree") is None, (
+        "torch ships a public pytree module now: build core/pytree.py on it and drop compat/pytree.py")
+
+
+def test_checkpoint_still_fails_under_func_grad():
+    """Why remat is a custom autograd.Function with functorch levels (compat/functorch.py)."""
+    import torch.utils.checkpoint as ckpt
+
+    def loss(w, x):
+        return ckpt.checkpoint(lambda w, x: (x @ w).tanh().sum(), w, x, use_reentrant=False)
+
+    with pytest.raises(Exception, match="saved tensor hooks|saved_tensors_hooks"):
+        torch.func.grad(loss)(torch.ones(3, 3), torch.ones(2, 3))
+
+
+_DTENSOR_CHILD = textwrap.dedent("""
+    import json, torch
+    from torch.distributed.tensor import DTensor
+    prop = DTensor._op_dispatcher.sharding_propagator
+    per_dim = getattr(prop, "op_single_dim_strategy_funcs", {})
+    sdpa = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    gather = torch.ops.aten.gather.default
+    src = __import__("inspect").getsource(per_dim[gather].func) if gather in per_dim else ""
+    print(json.dumps({"sdpa_cpu_rule": sdpa in prop.op_strategy_funcs or sdpa in per_dim,
+                      "gather_offers_mask_partial": "_MaskPartial" in src or gather in prop.op_strategy_funcs}))
+""")
+
+
+def test_dtensor_rules_are_still_missing():
+    """Plain torch still lacks a CPU SDPA rule and still offers gather a masked-partial output."""
+    out = subprocess.run([sys.executable, "-c", _DTENSOR_CHILD], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"sdpa_cpu_rule": False, "gather_offers_mask_partial": True}, got
