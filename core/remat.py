@@ -27,7 +27,8 @@ How it works:
   the block in the backward graph. When the gradient is taken *inside* the compiled region
   (`jit(grad(loss))`, ember's train step), forward and backward are one inference graph and
   torch 2.9 ignores the checkpoint tags (same matmul count with and without remat): remat then
-  costs nothing and saves nothing.
+  costs nothing and saves nothing. torch 2.15 fails on them there, so from 2.10 on Dynamo sees
+  the plain block (the same graph 2.9 ran).
 - torch_xla's lazy tensors take the eager path (gradients checked on XLA CPU); the memory saving
   there is unmeasured (XLA can merge a recomputation with the forward by CSE).
 - Forward mode (`torch.func.jvp`, `jacfwd`, `hessian`) works; `torch.autograd.forward_ad` does
@@ -65,6 +66,11 @@ from .pytree import tree_flatten, tree_unflatten
 from .types import PyTree
 
 __all__ = ["remat"]
+
+# torch 2.15's Inductor runs the checkpoint HOP's saved-tensor hooks under torch.func.grad and
+# fails ("don't yet support saved tensor hooks"); 2.9 ignored the tags there (no memory saved
+# either way). Under Dynamo on those versions the block is called plainly.
+_CHECKPOINT_FAILS_UNDER_COMPILED_FUNC_GRAD = torch.__version__ >= "2.10"
 
 
 def _differentiable(t: Tensor) -> bool:
@@ -275,6 +281,8 @@ def remat(fn: Callable, *, static_argnums: Union[int, Sequence[int]] = ()) -> Ca
 
         tensors = [leaves[i] for i in tensor_idx]
         if torch.compiler.is_dynamo_compiling():
+            if _CHECKPOINT_FAILS_UNDER_COMPILED_FUNC_GRAD:
+                return call(tensors)
             return torch.utils.checkpoint.checkpoint(
                 lambda *ts: call(ts), *tensors, use_reentrant=False, preserve_rng_state=False
             )

@@ -8,11 +8,13 @@ Two ways in, chosen per call by the inputs:
   dynamic=False)`, Dynamo's public path.
 `tracer="dynamo"` sends every call through Dynamo.
 
-Determinism: Inductor lowers scatter-adds (an embedding's backward is one) to parallel loops with
-atomic adds on multi-threaded CPUs and GPUs, so the sum's order follows thread timing and repeated
-calls differ in the last bits. While ember compiles (and only then) deterministic algorithms are on,
-so Inductor picks ordered kernels (pytorch/pytorch#93537); `deterministic=False` opts out. The
-user's own global setting is restored after each compile; kernels run as compiled.
+Determinism: an embedding's backward is a scatter-add (`index_put_` with accumulate). Inductor
+keeps it as a call of the ATen kernel, which on a multi-threaded CPU adds with atomics unless
+deterministic algorithms are on when it *runs*; so the order of the sum follows thread timing and
+repeated calls differ in the last bits (pytorch/pytorch#93537). While ember compiles and while
+each compiled call runs, `torch.use_deterministic_algorithms(True, warn_only=True)` is in force,
+and the user's own setting is restored after; `deterministic=False` opts out. The cost is a ratio
+in BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class InductorBackend:
     def __init__(self, entry: Callable[..., Tuple[Any, bool]], *, donate: str, mode: Optional[str],
                  options: Optional[Dict[str, Any]], deterministic: bool, tracer: str) -> None:
         around = deterministic_algorithms if deterministic else contextlib.nullcontext
+        self._around_call = around
         self._donate = donate
         self._tracer = tracer
         self._counter = CountingInductor(mode, options, around_compile=around)
@@ -58,9 +61,10 @@ class InductorBackend:
 
     def __call__(self, args: tuple, kwargs: dict) -> Tuple[Any, bool]:
         leaves, spec = tree_flatten((args, kwargs))
-        if self._tracer == "make_fx" and FxCompiled.accepts(leaves):
-            out, ok = self._traced(leaves, spec)
-            if ok and self._donate == "state":
-                out = with_first(out, args[0])  # the donated containers themselves, as eager returns
-            return out, ok
-        return self._dynamo(*args, **kwargs)
+        with self._around_call():
+            if self._tracer == "make_fx" and FxCompiled.accepts(leaves):
+                out, ok = self._traced(leaves, spec)
+                if ok and self._donate == "state":
+                    out = with_first(out, args[0])  # the donated containers, as eager returns them
+                return out, ok
+            return self._dynamo(*args, **kwargs)
