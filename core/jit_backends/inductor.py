@@ -1,11 +1,12 @@
 """`jit(backend="inductor")`: the step compiled whole by Inductor, deterministic unless asked not to be.
 
 Two ways in, chosen per call by the inputs:
-- plain tensors that do not require grad (a pure step's state and batch): traced once per input
-  signature with `make_fx` and handed to Inductor (`traced.py`), like `jax.jit`. Measured against
+- tensors that do not require grad (a pure step's state and batch), DTensors included: traced
+  once per input signature with `make_fx` and handed to Inductor (`traced.py`), like `jax.jit`;
+  DTensors enter the graph as their local shards (`dtensor_local.py`). Measured against
   `torch.compile` on both torch lines in BENCHMARKS.md (first call cold and warm, step, memory).
-- tensor subclasses (DTensor) or tensors that require grad: `torch.compile(fullgraph=True,
-  dynamic=False)`, Dynamo's public path.
+- tensors that require grad (an autograd graph through the call), other subclasses:
+  `torch.compile(fullgraph=True, dynamic=False)`, Dynamo's public path.
 `tracer="dynamo"` sends every call through Dynamo.
 
 Determinism: an embedding's backward is a scatter-add (`index_put_` with accumulate). Inductor
@@ -25,7 +26,8 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import torch
 
 from ..compat.inductor import CountingInductor
-from ..pytree import tree_flatten
+from ..pytree import tree_flatten, tree_unflatten
+from . import dtensor_local
 from .donation import with_first
 from .traced import FxCompiled
 
@@ -53,6 +55,7 @@ class InductorBackend:
         self._tracer = tracer
         self._counter = CountingInductor(mode, options, around_compile=around)
         self._traced = FxCompiled(entry, self._counter, around_compile=around)
+        self._traced_local = FxCompiled(dtensor_local.local_entry(entry), self._counter, around_compile=around)
         self._dynamo = torch.compile(entry, backend=self._counter, fullgraph=True, dynamic=False)
 
     @property
@@ -62,9 +65,26 @@ class InductorBackend:
     def __call__(self, args: tuple, kwargs: dict) -> Tuple[Any, bool]:
         leaves, spec = tree_flatten((args, kwargs))
         with self._around_call():
-            if self._tracer == "make_fx" and FxCompiled.accepts(leaves):
+            if self._tracer == "make_fx" and dtensor_local.has_dtensor(leaves):
+                out, ok = self._call_on_local_shards(leaves, spec)
+            elif self._tracer == "make_fx" and FxCompiled.accepts(leaves):
                 out, ok = self._traced(leaves, spec)
-                if ok and self._donate == "state":
-                    out = with_first(out, args[0])  # the donated containers, as eager returns them
-                return out, ok
+            else:
+                return self._dynamo(*args, **kwargs)
+            if ok and self._donate == "state":
+                out = with_first(out, args[0])  # the donated containers, as eager returns them
+            return out, ok
+
+    def _call_on_local_shards(self, leaves: list, spec: Any) -> Tuple[Any, bool]:
+        local, layouts = dtensor_local.to_local(leaves)
+        if not FxCompiled.accepts(local):
+            args, kwargs = tree_unflatten(leaves, spec)
             return self._dynamo(*args, **kwargs)
+        args, kwargs = tree_unflatten(local, spec)
+        packed, packed_spec = tree_flatten(((layouts, args, kwargs), {}))
+        out, ok = self._traced_local(packed, packed_spec)
+        if not ok:
+            return out, ok
+        local_out, out_layouts = out
+        out_leaves, out_spec = tree_flatten(local_out)
+        return tree_unflatten(dtensor_local.rewrap(out_leaves, out_layouts), out_spec), True
