@@ -40,10 +40,6 @@ def setup(mesh_text: Optional[str]) -> Optional[Sharding]:
             f"start it as `torchrun --nproc-per-node N launch/train.py --mesh {mesh_text} ...` with N the mesh size, "
             f"or drop --mesh for a single process (launch/tpu_pod.py runs a mesh on torch_xla)."
         )
-    if not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     mesh = Mesh.parse(mesh_text or "dp=-1", devices=world, backend="dtensor")
     return Sharding(mesh, for_mesh(mesh.names))
 

@@ -15,6 +15,7 @@ GPT-2: LayerNorm, GELU, learned positions) and runs on the same weights, convert
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -23,7 +24,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -103,8 +104,22 @@ def _optim_cfg(cfg: Any, schedule: str = "constant") -> Any:
 # ---- ember ---------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _patches_disabled() -> Iterator[None]:
+    """`EMBER_DISABLE_PATCHES=all` within the block: ember's torch patches stay off (core/compat)."""
+    before = os.environ.get("EMBER_DISABLE_PATCHES")
+    os.environ["EMBER_DISABLE_PATCHES"] = "all"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["EMBER_DISABLE_PATCHES"]
+        else:
+            os.environ["EMBER_DISABLE_PATCHES"] = before
+
+
 def _ember(s: Setup, *, backend: str, donate: str = "state", compute_dtype: Optional[torch.dtype] = None,
-           skip_nonfinite: bool = True) -> Variant:
+           skip_nonfinite: bool = True, patches: bool = True, **jit_options: Any) -> Variant:
     from ember.core import TrainState, jit, random
     from ember.core.step_fns import train_step
     from ember.core.tree_math import tree_bytes
@@ -115,16 +130,18 @@ def _ember(s: Setup, *, backend: str, donate: str = "state", compute_dtype: Opti
     params = tree_map(torch.clone, s.params)
     box = [TrainState.create(params=params, tx=tx, key=random.key(s.cfg.seed, device=s.device))]
     step = jit(train_step(lm_loss(s.model), skip_nonfinite=skip_nonfinite, compute_dtype=compute_dtype),
-               backend=backend, donate=donate)
+               backend=backend, donate=donate, **jit_options)
 
     def run() -> torch.Tensor:
-        box[0], metrics = step(box[0], s.batch)
+        with contextlib.nullcontext() if patches else _patches_disabled():  # read while compiling
+            box[0], metrics = step(box[0], s.batch)
         _sync(s.device)
         return metrics["loss"]
 
     return Variant("", run, lambda: tree_bytes(box[0]), device=s.device.type,
                    notes=f"ember.core.jit(train_step(skip_nonfinite={skip_nonfinite}), backend={backend!r}, "
-                         f"donate={donate!r})")
+                         f"donate={donate!r}{''.join(f', {k}={v!r}' for k, v in jit_options.items())})"
+                         + ("" if patches else ", EMBER_DISABLE_PATCHES=all"))
 
 
 # ---- idiomatic PyTorch on the same model ----------------------------------------------------
@@ -302,6 +319,9 @@ VARIANTS: Dict[str, Callable[[Setup], Variant]] = {
     "ember_inductor_donated": lambda s: _ember(s, backend="inductor"),
     "ember_inductor": lambda s: _ember(s, backend="inductor", donate="none"),
     "ember_inductor_donated_noskip": lambda s: _ember(s, backend="inductor", skip_nonfinite=False),
+    "ember_inductor_dynamo": lambda s: _ember(s, backend="inductor", tracer="dynamo"),
+    "ember_inductor_nondeterministic": lambda s: _ember(s, backend="inductor", deterministic=False),
+    "ember_inductor_no_patches": lambda s: _ember(s, backend="inductor", patches=False),
     "ember_eager": lambda s: _ember(s, backend="eager"),
     "ember_inductor_bf16": lambda s: _ember(s, backend="inductor", compute_dtype=torch.bfloat16),
     "torch_compiled": lambda s: _torch(s, compile=True),

@@ -40,6 +40,7 @@ Example (two gloo processes; see `tests/partition_specs/test_dtensor_matrix.py`)
 
 from __future__ import annotations
 
+import os
 from typing import Any, ContextManager, List, Sequence, Tuple
 
 import torch
@@ -58,6 +59,13 @@ _MSG_NO_PROCESS_GROUP = (
     "{n} launch/train.py --mesh {mesh}`, or call torch.distributed.init_process_group('gloo' on CPU, "
     "'nccl' on GPUs) before building the Sharding. For a single process use no mesh at all."
 )
+
+
+def start_torchrun_process_group() -> None:
+    """Join the process group torchrun describes in the environment: nccl on GPUs, gloo on CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 
 
 def placements(spec: PartitionSpec, mesh_names: Sequence[str], *, ndim: int) -> List[Any]:
@@ -173,6 +181,8 @@ class DTensorLowering:
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
+        if dist.is_available() and not dist.is_initialized() and "MASTER_ADDR" in os.environ:
+            start_torchrun_process_group()
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(_MSG_NO_PROCESS_GROUP.format(n=mesh.size, mesh=mesh))
         mesh.validate(dist.get_world_size())
