@@ -24,6 +24,7 @@ import torch
 import ember.core.compat as compat
 from ember.core import jit
 from ember.core.compat import WORKAROUNDS, patch_enabled, torch_minor
+from isa_probe_counter import COUNT_ISA_PROBES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PRIVATE = re.compile(r"torch\.(?!_foreach_|__)_\w|torch_xla\._|\b_XLAC\b|jax\._src|\btorch\.utils\._")
@@ -120,25 +121,12 @@ def test_an_error_of_the_step_itself_is_not_blamed_on_a_patch(monkeypatch):
     assert not compat._failed
 
 
-_ISA_CHILD = textwrap.dedent("""
-    import json, subprocess
-    import torch._inductor.cpu_vec_isa as isa
-    probes = []
-
-    class Counted:  # Inductor's ISA checks load their test program in a subprocess
-        def __getattr__(self, name):
-            return getattr(subprocess, name)
-        def run(self, *a, **k):
-            probes.append(a)
-            return subprocess.run(*a, **k)
-        def check_call(self, *a, **k):
-            probes.append(a)
-            return subprocess.check_call(*a, **k)
-
-    isa.subprocess = Counted()
+_ISA_CHILD = COUNT_ISA_PROBES + textwrap.dedent("""
+    import json
     isa.valid_vec_isa_list()
     print(json.dumps({"probes": len(probes)}))
 """)
+
 
 
 @pytest.mark.slow

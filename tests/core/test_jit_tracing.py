@@ -13,6 +13,7 @@ import torch
 from ember import optim
 from ember.core import TrainState, jit, random
 from ember.core.compat import WORKAROUNDS, torch_minor
+from isa_probe_counter import COUNT_ISA_PROBES
 from ember.core.step_fns import train_step
 
 
@@ -79,21 +80,9 @@ def test_inputs_that_require_grad_go_through_dynamo():
     assert w.grad.tolist() == [2.0, 2.0, 2.0] and f.compile_count == 1
 
 
-_CHILD = textwrap.dedent("""
-    import json, subprocess, torch
-    import torch._inductor.cpu_vec_isa as isa
+_CHILD = COUNT_ISA_PROBES + textwrap.dedent("""
+    import json, torch
     from torch._dynamo.utils import counters
-    probes = []  # Inductor's ISA checks load their test program in a subprocess
-    class Counted:
-        def __getattr__(self, name):
-            return getattr(subprocess, name)
-        def run(self, *a, **k):
-            probes.append(a)
-            return subprocess.run(*a, **k)
-        def check_call(self, *a, **k):
-            probes.append(a)
-            return subprocess.check_call(*a, **k)
-    isa.subprocess = Counted()
     from ember import optim
     from ember.core import TrainState, jit, random
     from ember.core.step_fns import train_step

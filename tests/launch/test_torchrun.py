@@ -51,7 +51,9 @@ def test_readme_in_a_script_snippet_under_torchrun(tmp_path):
     readme = (ROOT / "README.md").read_text()
     script = (_first_python_block(readme.split("## Composing a step", 1)[1])
               + _first_python_block(readme.split("In a script:", 1)[1])
-              + "assert all(torch.isfinite(v) for v in metrics.values()), metrics\nprint('SNIPPET_OK')\n")
+              + "import math\n"
+              + "assert all(math.isfinite(float(v.full_tensor())) for v in metrics.values()), metrics\n"
+              + "print('SNIPPET_OK')\n")
     (tmp_path / "snippet.py").write_text(script)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", str(tmp_path / "snippet.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path,
