@@ -1,9 +1,10 @@
 """Build one Inductor graph's C++ kernels as a few shared libraries instead of one library each.
 
-Private to `jit(backend="inductor")` on CPU. Inductor compiles every CPU kernel of a graph as its
-own translation unit: one `g++` run each, and on this 2-core machine nearly all of a run's 0.5 s
-goes to loading the 120 MB precompiled header and linking, not to the kernel. The tiny Llama
-step has 35 distinct kernels: 16 s of `g++` one by one, 2.3 s as one translation unit.
+A patch (`WORKAROUNDS["cpp_kernel_batching"]`): on inside ember's own CPU compiles, on torch 2.9 and
+2.15, where it shortens the first call (BENCHMARKS.md). Inductor compiles every CPU kernel of a
+graph as its own translation unit: one `g++` run each, and on this 2-core machine nearly all of a
+run's 0.5 s goes to loading the 120 MB precompiled header and linking, not to the kernel. The tiny
+Llama step has 35 distinct kernels: 16 s of `g++` one by one, 2.3 s as one translation unit.
 
 While the wrapper module that Inductor generates is loaded, `AsyncCompile.cpp_pybinding` (called
 once per kernel, before `AsyncCompile.wait`) only records the kernel. The first kernel asked for

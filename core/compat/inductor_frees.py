@@ -1,20 +1,22 @@
 """Free an Inductor buffer after its last read, not after the last write into a donated input.
 
-Private to `jit(backend="inductor")`. A donated step ends by copying the new params and optimizer
-state into its inputs. Inductor orders every such in-place write after all earlier reads of that
-input with a `WeakDep` from the writing node to the *outputs* of each reading node, and torch 2.9's
-`Scheduler.compute_last_usage` counts those `WeakDep`s as uses: every buffer computed by a node
-that reads a parameter (each matmul's output, each norm's output) then stays allocated until the
-optimizer has written that parameter, at the very end of the step. Transient memory at peak of a
-donated Llama step against `torch.compile(module)` + fused AdamW (`launch/bench.py --memory`,
-BENCHMARKS.md): 125M 1.90x before this, 1.10x with it; tiny 1.34x before, 1.11x with it.
+A patch (`WORKAROUNDS["frees_after_last_read"]`), on inside ember's own compiles on torch 2.9 only:
+torch 2.15's scheduler already frees these buffers after their last read (measured by its test). A
+donated step ends by copying the new params and optimizer state into its inputs. Inductor orders
+every such in-place write after all earlier reads of that input with a `WeakDep` from the writing
+node to the *outputs* of each reading node, and torch 2.9's `Scheduler.compute_last_usage` counts
+those `WeakDep`s as uses: every buffer computed by a node that reads a parameter (each matmul's
+output, each norm's output) then stays allocated until the optimizer has written that parameter, at
+the very end of the step. Transient memory at peak of a donated Llama step against
+`torch.compile(module)` + fused AdamW (`launch/bench.py --memory`, BENCHMARKS.md): 125M 1.90x before
+this, 1.10x with it; tiny 1.34x before, 1.11x with it.
 
 Within `frees_after_last_read()`, a scheduler node's used buffers leave out the names it reaches
-only through a `WeakDep`. The dependency itself stays, so the write still runs after the reads;
-only the `del` of the reader's output moves back to its real last use. The block also adds a tag
-to `torch.compiler.config.cache_key_tag` (part of every compile cache key), so a graph compiled
-with Inductor's own lifetimes is never loaded from the disk cache in place of this one, nor the
-other way round.
+only through a `WeakDep`. The dependency itself stays, so the write still runs after the reads; only
+the `del` of the reader's output moves back to its real last use. The block also adds a tag to
+`torch.compiler.config.cache_key_tag` (part of every compile cache key), so a graph compiled with
+Inductor's own lifetimes is never loaded from the disk cache in place of this one, nor the other way
+round.
 """
 
 from __future__ import annotations

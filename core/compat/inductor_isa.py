@@ -1,15 +1,17 @@
 """Remember, per machine, which of Inductor's CPU vector-ISA probes passed, so later processes skip them.
 
-Private to `jit(backend="inductor")`. Before its first CPU kernel, every process running Inductor
-checks each ISA the CPU reports (AVX2, AVX-512, and where present AVX-512-BF16, AMX, AMX-FP16) by
-building a tiny program (cached on disk) and loading it in a fresh Python subprocess that imports
-torch, to prove the compiler and CPU agree: one subprocess per check, 7.6 s of the first step on this
-2-core machine, paid again by every test run and every `launch/train.py`. A check's answer only
-changes with the compiler, torch, the flags and code it builds, or the CPU; so a passed check leaves
-a marker keyed by exactly those (Inductor's own dry-compile fingerprint, the probe's source, the
-CPU's flags), and later processes answer that check from the marker. A failed check leaves nothing
-and runs again next time, as in plain Inductor. Inductor's configuration is untouched, so its cache
-keys are the same in the process that probed and in the ones that did not.
+A patch (`WORKAROUNDS["vec_isa_probe_memo"]`), on inside ember's own CPU compiles on torch 2.9 only:
+torch 2.15 leaves a marker per passed check itself (measured by its test). Before its first CPU
+kernel, every process running Inductor checks each ISA the CPU reports (AVX2, AVX-512, and where
+present AVX-512-BF16, AMX, AMX-FP16) by building a tiny program (cached on disk) and loading it in a
+fresh Python subprocess that imports torch, to prove the compiler and CPU agree: one subprocess per
+check, 7.6 s of the first step on this 2-core machine, paid again by every test run and every
+`launch/train.py`. A check's answer only changes with the compiler, torch, the flags and code it
+builds, or the CPU; so a passed check leaves a marker keyed by exactly those (Inductor's own dry-
+compile fingerprint, the probe's source, the CPU's flags), and later processes answer that check
+from the marker. A failed check leaves nothing and runs again next time, as in plain Inductor.
+Inductor's configuration is untouched, so its cache keys are the same in the process that probed and
+in the ones that did not.
 """
 
 from __future__ import annotations
