@@ -18,8 +18,16 @@ SHORT = ["--steps", "3", "--model.n_layers", "1", "--data.max_bytes", "300000", 
          "--eval_batches", "1", "--sample_tokens", "8"]
 
 
+def _env() -> dict:
+    """This process's environment without torch_xla's variables (an earlier XLA test in the same
+    worker may have set them; `Mesh.parse` would then pick the XLA backend), one thread a rank."""
+    xla = {"PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS"}
+    return {**{k: v for k, v in os.environ.items() if k not in xla}, "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1"}
+
+
 def _train(out: pathlib.Path, *prefix: str, mesh=()) -> list:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = _env()
     cmd = [*prefix, str(ROOT / "launch" / "train.py"), *mesh, *SHORT, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
@@ -57,6 +65,6 @@ def test_readme_in_a_script_snippet_under_torchrun(tmp_path):
     (tmp_path / "snippet.py").write_text(script)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", str(tmp_path / "snippet.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=_env())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
     assert proc.stdout.count("SNIPPET_OK") == 4
