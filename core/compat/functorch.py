@@ -15,7 +15,7 @@ from torch._C import _functorch
 from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
 from torch._functorch.utils import unwrap_dead_wrappers
 
-__all__ = ["current_interpreter", "own_grad_level", "unwrap_dead_wrappers", "unwrap_for_grad", "wrap_for_grad"]
+__all__ = ["current_interpreter", "functorch_base", "own_grad_level", "unwrap_dead_wrappers", "unwrap_for_grad", "wrap_for_grad"]
 
 
 def current_interpreter() -> Any:
@@ -49,3 +49,10 @@ def own_grad_level(saved: Sequence[Any], grad_outputs: Sequence[Any]) -> Optiona
         if _functorch.is_dead_tensor_wrapper(t) or _functorch.maybe_get_level(t) > level:
             return None
     return level
+
+
+def functorch_base(t: torch.Tensor) -> torch.Tensor:
+    """The tensor under torch.func's wrappers (grad / vmap levels), e.g. for torch_xla to annotate."""
+    while _functorch.is_functorch_wrapped_tensor(t):
+        t = _functorch.get_unwrapped(t)
+    return t

@@ -43,25 +43,18 @@ def _inductor_config_error(mode: Optional[str], options: Optional[Dict[str, Any]
 
 
 class CountingInductor(torch._TorchCompileInductorWrapper):
-    """Inductor as a `torch.compile` backend (and `compile_fx` front) that counts its graphs.
+    """Inductor as a `torch.compile` backend (and `compile_fx` front) that counts its graphs."""
 
-    `around_compile` (a context-manager factory) wraps every graph's compilation, e.g. ember's
-    deterministic-algorithms scope.
-    """
-
-    def __init__(self, mode: Optional[str], options: Optional[Dict[str, Any]],
-                 around_compile: Callable[[], Any] = contextlib.nullcontext) -> None:
+    def __init__(self, mode: Optional[str], options: Optional[Dict[str, Any]]) -> None:
         try:
             super().__init__(mode, dict(options) if options else None, False)
         except RuntimeError as err:  # unknown mode or option, or an option of the wrong type
             raise ValueError(_inductor_config_error(mode, options, err)) from err
         self.count = 0
-        self._around_compile = around_compile
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         self.count += 1
-        with self._around_compile():
-            return super().__call__(gm, example_inputs)
+        return super().__call__(gm, example_inputs)
 
 
 def trace_on_fake_tensors(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:

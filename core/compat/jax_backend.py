@@ -1,4 +1,4 @@
-"""Whether JAX already started a backend in this process (WORKAROUNDS entry `jax_backend_reset`).
+"""Whether JAX already started a backend in this process (WORKAROUNDS entry `jax_backend_state`).
 
 `jax.distributed.initialize` must run before JAX starts any backend, and JAX has no public way to
 ask whether one started; orbax imports JAX, so ember checks before a multi-process checkpoint.

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["data_id", "functorch_base", "is_view", "local_shard_index", "runtime_is_initialized", "sync_tensors",
+__all__ = ["data_id", "is_view", "local_shard_index", "runtime_is_initialized", "sync_tensors",
            "tpu_chip_count"]
 
 
@@ -46,13 +46,6 @@ def local_shard_index(x: torch.Tensor) -> Any:
     if xlac._get_xla_sharding_spec(x) in ("", "{replicated}"):
         return Ellipsis
     return xlac._get_local_shard_replica_and_indices([x])[0][0][1]
-
-
-def functorch_base(t: torch.Tensor) -> torch.Tensor:
-    """The tensor under torch.func's wrappers (grad / vmap levels), which torch_xla can annotate."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(t):
-        t = torch._C._functorch.get_unwrapped(t)
-    return t
 
 
 def is_view(t: torch.Tensor) -> bool:

@@ -11,6 +11,7 @@ Layouts are part of the graph's signature: a new placement compiles a new graph.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Callable, List, Optional, Tuple
 
 from torch import Tensor
@@ -36,23 +37,22 @@ class Layout:
                                   shape=self.shape, stride=self.stride)
 
 
-def _is_dtensor(x: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(x, DTensor)
+def _dtensor_class() -> Optional[type]:
+    """`DTensor`, or None while nothing has imported it (then no argument can be one)."""
+    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
 
 
 def has_dtensor(leaves: List[Any]) -> bool:
-    import sys
-
-    return "torch.distributed.tensor" in sys.modules and any(_is_dtensor(x) for x in leaves)
+    dtensor = _dtensor_class()
+    return dtensor is not None and any(isinstance(x, dtensor) for x in leaves)
 
 
 def to_local(leaves: List[Any]) -> Tuple[List[Any], Tuple[Optional[Layout], ...]]:
     """Each DTensor leaf as its local shard, and per leaf its `Layout` (None for other leaves)."""
+    dtensor = _dtensor_class()
     local, layouts = [], []
     for x in leaves:
-        if _is_dtensor(x):
+        if dtensor is not None and isinstance(x, dtensor):
             layouts.append(Layout(x.device_mesh, tuple(x.placements), tuple(x.shape), tuple(x.stride())))
             local.append(x.to_local())
         else:

@@ -49,13 +49,13 @@ def deterministic_algorithms() -> Iterator[None]:
 class InductorBackend:
     def __init__(self, entry: Callable[..., Tuple[Any, bool]], *, donate: str, mode: Optional[str],
                  options: Optional[Dict[str, Any]], deterministic: bool, tracer: str) -> None:
-        around = deterministic_algorithms if deterministic else contextlib.nullcontext
-        self._around_call = around
+        # Every compile happens inside a call, so one scope covers compiling and running.
+        self._around_call = deterministic_algorithms if deterministic else contextlib.nullcontext
         self._donate = donate
         self._tracer = tracer
-        self._counter = CountingInductor(mode, options, around_compile=around)
-        self._traced = FxCompiled(entry, self._counter, around_compile=around)
-        self._traced_local = FxCompiled(dtensor_local.local_entry(entry), self._counter, around_compile=around)
+        self._counter = CountingInductor(mode, options)
+        self._traced = FxCompiled(entry, self._counter)
+        self._traced_local = FxCompiled(dtensor_local.local_entry(entry), self._counter)
         self._dynamo = torch.compile(entry, backend=self._counter, fullgraph=True, dynamic=False)
 
     @property

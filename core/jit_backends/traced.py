@@ -1,9 +1,10 @@
 """Trace a function once per input signature with `make_fx` on fake tensors, compile it with Inductor.
 
 Used by `jit(backend="inductor")` (see `inductor.py` for when). This is `jax.jit`'s model: the
-Python function runs once, abstractly, for each new signature (pytree structure and static fields, each tensor's shape,
-strides, dtype and device, which arguments are the same tensor, every non-tensor leaf's value,
-grad mode and autocast), and the resulting ATen graph goes to Inductor's `compile_fx` as is.
+Python function runs once, abstractly, for each new signature (pytree structure and static fields,
+each tensor's shape, strides, dtype and device, which arguments are the same tensor, every
+non-tensor leaf's value, grad mode and autocast), and the resulting ATen graph goes to Inductor's
+`compile_fx` as is.
 
 Why not `torch.compile` (Dynamo): Dynamo interprets the function's bytecode, which for a whole
 training step (model, `torch.func.grad`, optimizer over every leaf, pytree plumbing) cost 23 s of
@@ -14,8 +15,8 @@ AOTAutograd's cache both hit in a second process. A pure step loses nothing: it 
 breaks to fall back on anyway (`fullgraph=True` was already required), and reading a tensor's
 value (`.item()`, `if x > 0`) fails at trace time instead of being baked in.
 
-Inputs Dynamo knows better are left to it (`FxCompiled.accepts` is False): tensor subclasses
-(DTensor), and tensors that require grad (an autograd graph through the call).
+`FxCompiled.accepts` only plain tensors that do not require grad; DTensor arguments reach it as
+their local shards (`dtensor_local.py`), and tensors that require grad go to Dynamo.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import functools
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 from torch import Tensor
@@ -84,11 +85,9 @@ class FxCompiled:
     precise error.
     """
 
-    def __init__(self, fn: Callable[..., Tuple[Any, bool]], compiler: Callable[..., Any],
-                 around_compile: Callable[[], ContextManager[Any]]) -> None:
+    def __init__(self, fn: Callable[..., Tuple[Any, bool]], compiler: Callable[..., Any]) -> None:
         self._fn = fn
         self._compiler = compiler
-        self._around_compile = around_compile
         self._graphs: Dict[Any, _Graph] = {}
         self._alive: List[Any] = []  # what keys hold by id() (unhashable leaves, specs): ids stay unique
 
@@ -163,12 +162,10 @@ class FxCompiled:
             # The ISA checks start first, so they run (or are remembered) while the step is traced.
             patches = [("vec_isa_probe_memo", vec_isa_probe_memo), *patches,
                        ("cpp_kernel_batching", batched_cpu_kernels)]
-        with self._around_compile():
-            try:
-                compiled = compiling_with(patches, trace_and_compile,
-                                          passthrough=(DataDependentError, _NotDonatable))
-            except DataDependentError as err:
-                raise RuntimeError(_MSG_READS_VALUE.format(detail=err)) from None
+        try:
+            compiled = compiling_with(patches, trace_and_compile, passthrough=(DataDependentError, _NotDonatable))
+        except DataDependentError as err:
+            raise RuntimeError(_MSG_READS_VALUE.format(detail=err)) from None
         return _Graph(compiled, recorded["spec"], recorded["kinds"])
 
 

@@ -55,6 +55,7 @@ from typing import Any, ContextManager, Optional, Sequence, Tuple
 import torch
 
 from ..compat import torch_xla as torch_xla_internals
+from ..compat.functorch import functorch_base
 from ..mesh import Mesh, MeshError
 from ..xla import is_runtime_initialized, require_torch_xla
 from .rules import ShardingRuleError
@@ -225,7 +226,7 @@ def _annotated(t: torch.Tensor, xmesh: Any, partition: Tuple[Any, ...]) -> torch
     import torch_xla.distributed.spmd as xs
 
     out = t.clone()
-    xs.annotate_custom_sharding(torch_xla_internals.functorch_base(out), xmesh, partition)
+    xs.annotate_custom_sharding(functorch_base(out), xmesh, partition)
     return out
 
 
