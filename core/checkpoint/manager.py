@@ -318,7 +318,11 @@ class CheckpointManager:
     def _read_items(self, step: int, args: Dict[str, Any], *, metadata: bool = False) -> Any:
         try:
             if metadata:  # orbax's array metadata of every item (shapes, dtypes, the saving devices)
-                return self._manager.item_metadata(step)
+                found = self._manager.item_metadata(step)
+                unreadable = [k for k in args if found.get(k) is None]  # e.g. a kill mid-prune removed it
+                if unreadable:
+                    raise FileNotFoundError(f"no readable metadata for items {unreadable}")
+                return found
             restored = self._manager.restore(step, args=self._ocp.args.Composite(**args))
         except Exception as e:  # tensorstore / orbax errors: missing, truncated, unreadable files
             older = [s for s in self.all_steps() if s < step]

@@ -295,6 +295,19 @@ def test_a_truncated_array_file_is_a_clear_error(saved_llama):
     assert snapshot(root) == before
 
 
+def test_a_half_pruned_step_is_a_clear_error(saved_llama):
+    """orbax prunes with a plain rmtree: a kill mid-prune leaves a step without some of its items."""
+    root, state, _ = saved_llama
+    shutil.rmtree(root / "1" / "params")
+    (root / "1" / "_CHECKPOINT_METADATA").unlink()
+    before = snapshot(root)
+    with CheckpointManager(root) as ckpt:
+        with pytest.raises(CheckpointError, match=r"could not read .* of step 1 .*no readable metadata for items \['params'\]"):
+            ckpt.restore(1, like=state)
+        assert_bit_equal(ckpt.restore(like=state)[0], state)  # the later step is intact
+    assert snapshot(root) == before
+
+
 def test_directories_that_are_not_checkpoints(tmp_path, saved_llama):
     root, state, _ = saved_llama
     run = tmp_path / "run"
