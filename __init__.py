@@ -2,7 +2,7 @@
 
 The small public surface: `jit`, `grad`, `value_and_grad`, `vmap`, `remat`, `scan`, `TrainState`,
 `train_step`, `eval_step`, and the modules `random` and `pytree`. The subpackages hold the rest:
-`ember.core`, `ember.optim`, `ember.models`, `ember.data`.
+`ember.core`, `ember.optim`, `ember.models`, `ember.data`, and the top floor `ember.launch`.
 """
 
 from .core import TrainState as TrainState
@@ -16,6 +16,10 @@ from .core import value_and_grad as value_and_grad
 from .core import vmap as vmap
 from .core.step_fns import eval_step as eval_step
 from .core.step_fns import train_step as train_step
+
+from . import _deprecated  # noqa: E402  (old import paths, one more release)
+
+_deprecated.install()
 
 __all__ = [
     "TrainState",

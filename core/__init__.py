@@ -1,8 +1,8 @@
-"""ember.core: pytrees, keys, transforms, jit, TrainState, run configs and testing helpers.
+"""ember.core: the kernel: pytrees, keys, transforms, jit, TrainState, mesh, protocols, testing helpers.
 
 Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `scan`,
 `stack_trees`, `unstack_trees`, `device_for`, `to_device`, `Mesh`, `MeshError`, and the modules
-`pytree`, `random`, `tree_math`, `config`, `testing`, `step_fns`, `partition_specs`, `types`.
+`pytree`, `random`, `tree_math`, `testing`, `step_fns`, `partition_specs`, `types`.
 
 `core` imports nothing else from ember.
 """
@@ -11,8 +11,7 @@ from . import compat as _compat
 
 _compat.check_torch_version()
 
-from . import config as config  # noqa: E402
-from . import partition_specs as partition_specs
+from . import partition_specs as partition_specs  # noqa: E402
 from . import pytree as pytree
 from . import random as random
 from . import step_fns as step_fns
@@ -47,7 +46,6 @@ __all__ = [
     "Params",
     "PyTree",
     "TrainState",
-    "config",
     "device_for",
     "grad",
     "jit",

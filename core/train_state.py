@@ -4,10 +4,12 @@ Public names: `TrainState`.
 
 Example:
     >>> import torch
-    >>> from ember import optim
     >>> from ember.core import TrainState, random
+    >>> class SGD:  # any GradientTransformation; ember.optim builds real ones (`optim.sgd(0.1)`)
+    ...     def init(self, params): return {}
+    ...     def update(self, grads, state, params=None): return {k: -0.1 * g for k, g in grads.items()}, state
     >>> params = {"w": torch.zeros(3)}
-    >>> state = TrainState.create(params=params, tx=optim.sgd(0.1), key=random.key(0))
+    >>> state = TrainState.create(params=params, tx=SGD(), key=random.key(0))
     >>> state = state.apply_gradients(grads={"w": torch.ones(3)})
     >>> state.step.item(), state.params["w"].tolist()
     (1, [-0.10000000149011612, -0.10000000149011612, -0.10000000149011612])
@@ -28,6 +30,7 @@ import torch
 from torch import Tensor
 
 from . import pytree
+from .protocols import GradientTransformation
 from .random import key as make_key
 from .tree_math import apply_updates
 from .types import Key, OptState, Params, Updates
@@ -61,19 +64,19 @@ class TrainState:
     opt_state: OptState
     key: Key
     skipped_steps: Tensor
-    tx: Any = pytree.field(static=True, default=None)
+    tx: Optional[GradientTransformation] = pytree.field(static=True, default=None)
 
     @classmethod
     def create(
         cls,
         *,
         params: Params,
-        tx: Any,
+        tx: GradientTransformation,
         key: Optional[Key] = None,
         **kwargs: Any,
     ) -> "TrainState":
         """A state at step 0 with `opt_state = tx.init(params)`; extra fields go in `**kwargs`."""
-        if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+        if not isinstance(tx, GradientTransformation):
             raise TypeError(_MSG_NOT_A_TRANSFORMATION.format(got=tx))
         leaves = pytree.tree_leaves(params)
         device = leaves[0].device if leaves else None

@@ -80,7 +80,14 @@ def _check_loss(out: Any, *, name: str, has_aux: bool) -> None:
         if isinstance(out, tuple):
             raise TypeError(_MSG_TUPLE_WITHOUT_AUX.format(name=name, n=len(out)))
         loss = out
-    what = "the first element of the returned pair" if has_aux else "the returned value"
+    check_scalar_loss(loss, name=name, what="the first element of the returned pair" if has_aux else "the returned value")
+
+
+def check_scalar_loss(loss: Any, *, name: str, what: str) -> None:
+    """Raise, naming `what` of `name`'s output and the fix, unless `loss` is a 0-d floating-point tensor.
+
+    The one loss check of ember: `grad` / `value_and_grad` and the step builders all use it.
+    """
     if not isinstance(loss, torch.Tensor):
         raise TypeError(
             f"`{name}` must return a 0-d floating-point loss tensor; {what} is "
@@ -90,8 +97,8 @@ def _check_loss(out: Any, *, name: str, has_aux: bool) -> None:
     if loss.dim() != 0:
         raise ValueError(
             f"`{name}` must return a 0-d (scalar) loss tensor; {what} has shape "
-            f"{tuple(loss.shape)}. Reduce it first (`.mean()` or `.sum()`), or use `vmap` / "
-            "`torch.func.jacrev` for per-element gradients."
+            f"{tuple(loss.shape)}. Reduce it first (`.mean()` or `.sum()`, or "
+            "ember.core.step_fns.cross_entropy), or use `vmap` / `torch.func.jacrev` for per-element gradients."
         )
     if not (loss.is_floating_point() or loss.is_complex()):
         raise TypeError(

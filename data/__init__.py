@@ -16,6 +16,7 @@ from .collate import collator as collator
 from .collate import get_collator as get_collator
 from .collate import identity_collate as identity_collate
 from .collate import to_torch as to_torch
+from .config import DataConfig as DataConfig
 from .config import TorchBatches as TorchBatches
 from .config import build_batches as build_batches
 from .config import build_tokenizer as build_tokenizer
@@ -51,6 +52,7 @@ __all__ = [
     "BPETokenizer",
     "ByteTokenizer",
     "Collator",
+    "DataConfig",
     "GatherWindows",
     "HFTextColumn",
     "PipelineIterator",

@@ -1,12 +1,11 @@
-"""Build a tokenizer and a batch iterator from a run config's `DataConfig`.
+"""`DataConfig`, the data section of a run config, and the tokenizer and batches it builds.
 
-Public names: `build_tokenizer`, `build_batches`.
+Public names: `DataConfig`, `build_tokenizer`, `build_batches`.
 
 These are the data half of `launch/train.py`, importable so a user's own script builds the same
 data in two lines instead of copying the launcher.
 
 Example:
-    >>> from ember.core.config import DataConfig
     >>> cfg = DataConfig(max_bytes=50_000, seq_len=16, batch_size=2)
     >>> tok = build_tokenizer(cfg)
     >>> batches = build_batches(cfg, tokenizer=tok)
@@ -16,9 +15,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from typing import Any, Literal, Optional
 
-from ..core.config import DataConfig
 from .bpe import train_bpe
 from .collate import Collator, get_collator
 from .iterator import PipelineIterator
@@ -26,9 +25,36 @@ from .pipeline import make_pipeline
 from .sources import load_source
 from .tokenizers import ByteTokenizer, Tokenizer
 
-__all__ = ["build_batches", "build_tokenizer", "TorchBatches"]
+__all__ = ["DataConfig", "TorchBatches", "build_batches", "build_tokenizer"]
 
 Split = Literal["train", "eval"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where tokens come from and how they are batched."""
+
+    source: Literal["stdlib", "text", "bin", "hf"] = "stdlib"
+    """stdlib: the running Python's own standard library sources (no download); text: files or a
+    glob at `path`; bin: a nanoGPT-style token .bin memmap; hf: a Hugging Face dataset saved to disk."""
+    path: Optional[str] = None
+    """Path for text / bin / hf sources."""
+    tokenizer: Literal["bytes", "bpe"] = "bytes"
+    """bytes: 256 byte values (+ EOS); bpe: a byte-level BPE trained locally on the corpus."""
+    vocab_size: int = 512
+    """Vocabulary size of the BPE tokenizer (ignored for bytes)."""
+    max_bytes: Optional[int] = 4_000_000
+    """Cap on corpus bytes read (stdlib/text), to keep start-up fast; None reads everything."""
+    seq_len: int = 128
+    """Tokens per training window."""
+    batch_size: int = 16
+    """Windows per batch (global, across data-parallel ranks)."""
+    num_workers: int = 0
+    """grain worker processes (0 = in the main process)."""
+    collate: str = "torch"
+    """Registered collator turning numpy batches into what the step takes (`@ember.data.collator`)."""
+    seed: int = 0
+    """Shuffle seed."""
 
 
 def _source(cfg: DataConfig, split: Split) -> Any:

@@ -15,7 +15,7 @@ import typing
 
 
 def _config_from_dict(d):
-    """The model config dataclass `ember.core.config.to_dict` recorded (nested dataclasses too)."""
+    """The model config dataclass `ember.core.dataclass_json.to_dict` recorded (nested dataclasses too)."""
     import dataclasses
 
     import ember.models as models

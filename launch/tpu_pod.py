@@ -17,11 +17,12 @@ config overrides as in `launch/train.py`.
 """
 
 import argparse
-import importlib
 import os
 import subprocess
 import sys
 import time
+
+from ember.launch import cli
 
 
 def _simulate(argv, mesh_text):
@@ -45,18 +46,11 @@ def _simulate(argv, mesh_text):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--mesh")
-    p.add_argument("--config", default="llama3_tiny")
-    p.add_argument("--import", dest="imports", action="append", default=[])
+    p = cli.launcher_parser()
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--resume", action="store_true")
     args, overrides = p.parse_known_args(argv)
     if {"-h", "--help"} & set(overrides):  # the config's flags, from tyro (exits)
-        import ember.models  # noqa: F401  (registers the run configs)
-        from ember.core.config import parse_cli
-
-        parse_cli(args.config, ["--help"], description=__doc__ + "\nLauncher flags: --mesh, --check/--no-check.")
+        cli.read_config(args, ["--help"], description=__doc__ + "\nLauncher flags: --mesh, --check/--no-check.")
     if args.mesh is None:
         p.error("--mesh is required, e.g. --mesh dp=2,tp=2 (axes dp, fsdp, tp; sizes multiply to the device count)")
     rc = _simulate(argv, args.mesh)
@@ -65,46 +59,32 @@ def main(argv=None):
     from ember.core.partition_specs.xla import enable_spmd
 
     enable_spmd()  # before any XLA tensor exists
-    import torch
     import torch_xla.runtime as xr
 
-    import ember.models as models
     from ember import data
-    from ember.core import TrainState, random
-    from ember.core.config import parse_cli
-    from ember.core.jit import jit
+    from ember.core import jit
     from ember.core.mesh import Mesh
     from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
     from ember.core.partition_specs.report import describe_sharding
-    from ember.core.step_fns import train_step
-    from ember.optim.config import from_config as optim_from_config
+    from ember.launch import build, checkpointing
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import _checkpointing
-
-    for name in args.imports:
-        importlib.import_module(name)
-    cfg = parse_cli(args.config, overrides, description=__doc__)
+    cfg = cli.read_config(args, overrides, description=__doc__)
     check = args.check if args.check is not None else os.environ.get("PJRT_DEVICE", "").upper() == "CPU"
     say = print if xr.process_index() == 0 else (lambda *a, **k: None)
-    model = models.build_model(cfg.family, cfg.model)
-    tokenizer = data.build_tokenizer(cfg.data)
-    models.check_lm_data(model, seq_len=cfg.data.seq_len, vocab_size=tokenizer.vocab_size)
+    model = build.build_model(cfg)
+    tokenizer = build.build_tokenizer(cfg, model)
     mesh = Mesh.parse(args.mesh, devices=xr.global_runtime_device_count(), backend="xla")
     sharding = Sharding(mesh, for_mesh(mesh.names))
-    tx = optim_from_config(cfg.optim, total_steps=cfg.steps)
-    state0 = TrainState.create(params=model.init(random.key(cfg.seed)), tx=tx,
-                               key=random.fold_in(random.key(cfg.seed), 1))
+    state0 = build.initial_state(cfg, model)
     say(f"{sharding.lowering!r}, {xr.process_count()} process(es)")
     say(describe_sharding(state0, sharding, axes=model.axes))
     data_iter = data.build_batches(cfg.data, tokenizer=tokenizer)
-    ckpt, info = _checkpointing.build_manager(cfg), _checkpointing.model_info_for(cfg, arch=args.config)
-    state = _checkpointing.maybe_resume(ckpt, shard(state0, sharding, axes=model.axes), data_iter, cfg=cfg,
+    ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)
+    state = checkpointing.maybe_resume(ckpt, shard(state0, sharding, axes=model.axes), data_iter, cfg=cfg,
                                         resume=args.resume, model_info=info, sharding=sharding, axes=model.axes,
                                         log=say)
     first = int(state.step)
-    compute_dtype = None if cfg.compute_dtype == "float32" else getattr(torch, cfg.compute_dtype)
-    step_fn = train_step(models.lm_loss(model), microbatches=cfg.microbatches, compute_dtype=compute_dtype)
+    step_fn = build.step_fn(cfg, model)
     step = jit(step_fn, backend="xla", donate="state")
     losses, compiles, batches = [], [], []
     start = time.perf_counter()
@@ -115,8 +95,8 @@ def main(argv=None):
             compiles.append(step.compile_count - before)
             losses.append(metrics["loss"])
             batches.append(batch)
-            _checkpointing.save_if_due(ckpt, n, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
-    _checkpointing.finish(ckpt, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
+            checkpointing.save_if_due(ckpt, n, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
+    checkpointing.finish(ckpt, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
     losses = [float(sharding.lowering.gather(x)) for x in losses]  # host sync, after the loop
     say(f"trained {len(losses)} steps in {time.perf_counter() - start:.1f}s (step 1 with compiling: "
         f"{step.compile_seconds:.1f}s)")

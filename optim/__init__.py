@@ -7,7 +7,7 @@ the result. Building blocks (`scale_by_adam`, `clip_by_global_norm`, `add_decaye
 `adafactor`) are such chains wrapped in `inject_hyperparams`, so their hyperparameters are 0-d
 float32 tensors in the state: `set_hyperparams(opt_state, learning_rate=...)` never recompiles a
 compiled step. Schedules are pure functions of a 0-d int64 count. `from_config` builds the
-optimizer of a run config (`ember.core.config.OptimConfig`).
+optimizer of a run config (`OptimConfig`).
 
 Everything is out of place and traces whole under `torch.compile(fullgraph=True)` and torch_xla,
 and works on DTensor params.
@@ -26,7 +26,7 @@ Public names, by module:
   (momentum); `scale_by_lion`, `ScaleByLionState` (lion); `scale_by_factored_rms`,
   `ScaleByFactoredRmsState`, `scale_by_param_block_rms` (adafactor).
 - `multi_steps`, `MultiStepsState` (gradient accumulation).
-- aliases: `adamw`, `adam`, `sgd`, `lion`, `adafactor`; config: `from_config`,
+- aliases: `adamw`, `adam`, `sgd`, `lion`, `adafactor`; config: `OptimConfig`, `from_config`,
   `schedule_from_config`.
 
 Example:
@@ -65,6 +65,7 @@ from .base import stateless as stateless
 from .clipping import clip_by_block_rms as clip_by_block_rms
 from .clipping import clip_by_global_norm as clip_by_global_norm
 from .combining import chain as chain
+from .config import OptimConfig as OptimConfig
 from .config import from_config as from_config
 from .config import schedule_from_config as schedule_from_config
 from .hyperparams import InjectHyperparamsState as InjectHyperparamsState
@@ -102,6 +103,7 @@ __all__ = [
     "MaskedNode",
     "MaskedState",
     "MultiStepsState",
+    "OptimConfig",
     "ScalarOrSchedule",
     "ScaleByAdamState",
     "ScaleByFactoredRmsState",

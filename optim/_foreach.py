@@ -15,8 +15,8 @@ from torch import Tensor
 
 from ..core.pytree import tree_leaves
 from ..core.types import PyTree
+from .base import Scalar
 
-Scalar = Union[float, Tensor]
 Leaves = List[Tensor]
 
 

@@ -11,7 +11,7 @@ reference and an example is `ember.optim.adafactor`.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -20,11 +20,10 @@ from ..core import pytree
 from ..core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from ..core.types import Params, Updates
 from . import _foreach
-from .base import NO_PARAMS_MSG, GradientTransformation, MaskedNode, stateless
+from .base import NO_PARAMS_MSG, GradientTransformation, MaskedNode, Scalar, stateless
 
 __all__ = ["ScaleByFactoredRmsState", "scale_by_factored_rms", "scale_by_param_block_rms"]
 
-Scalar = Union[float, Tensor]
 
 
 def _factored_dims(

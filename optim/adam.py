@@ -8,7 +8,7 @@ The full update equations, references and an example are on the aliases `ember.o
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -18,11 +18,10 @@ from ..core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from ..core.tree_math import tree_zeros_like
 from ..core.types import Params, Updates
 from . import _foreach
-from .base import GradientTransformation
+from .base import GradientTransformation, Scalar
 
 __all__ = ["ScaleByAdamState", "scale_by_adam"]
 
-Scalar = Union[float, Tensor]
 
 
 def _check_beta(fn: str, name: str, value: Scalar) -> None:

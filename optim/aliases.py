@@ -12,14 +12,14 @@ step, and a schedule passed as `learning_rate` is evaluated at the step count in
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .adafactor import scale_by_factored_rms, scale_by_param_block_rms
 from .adam import scale_by_adam
-from .base import GradientTransformation, ScalarOrSchedule
+from .base import GradientTransformation, Scalar, ScalarOrSchedule
 from .clipping import clip_by_block_rms
 from .combining import chain
 from .hyperparams import inject_hyperparams
@@ -31,7 +31,6 @@ from .weight_decay import add_decayed_weights
 
 __all__ = ["adafactor", "adam", "adamw", "lion", "sgd"]
 
-Scalar = Union[float, Tensor]  # inside the chains: hyperparameters arrive as 0-d tensors
 
 
 def _is_zero(x: object) -> bool:

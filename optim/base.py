@@ -25,6 +25,8 @@ from typing import Callable, NamedTuple, Optional, Tuple, Union
 from torch import Tensor
 
 from ..core import pytree
+from ..core.protocols import TransformInitFn as TransformInitFn
+from ..core.protocols import TransformUpdateFn as TransformUpdateFn
 from ..core.tree_math import apply_updates as apply_updates
 from ..core.types import OptState, Params, Schedule, Updates
 
@@ -40,14 +42,11 @@ __all__ = [
     "stateless",
 ]
 
+Scalar = Union[float, Tensor]
+"""A hyperparameter inside a chain: a Python number, or the 0-d tensor `inject_hyperparams` passes."""
+
 ScalarOrSchedule = Union[float, Tensor, Schedule]
 """A hyperparameter: a Python number, a 0-d tensor, or a schedule `count -> 0-d float32 tensor`."""
-
-TransformInitFn = Callable[[Params], OptState]
-"""`init(params) -> state`: build the state from the parameters (only shapes, dtypes, devices)."""
-
-TransformUpdateFn = Callable[[Updates, OptState, Optional[Params]], Tuple[Updates, OptState]]
-"""`update(updates, state, params=None) -> (updates, state)`: pure, out of place."""
 
 NO_PARAMS_MSG = (
     "{name}.update needs `params` (it reads the parameter values), but got params=None. "
@@ -57,6 +56,9 @@ NO_PARAMS_MSG = (
 
 class GradientTransformation(NamedTuple):
     """A pair of pure functions `(init, update)` that turn gradients into updates.
+
+    The NamedTuple implementing `ember.core.protocols.GradientTransformation`, the contract
+    `TrainState` and `train_step` check.
 
     Attributes:
         init: `init(params) -> state`.

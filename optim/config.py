@@ -1,19 +1,20 @@
-"""Build a gradient transformation from a run config's `OptimConfig`.
+"""`OptimConfig`, the optimizer section of a run config, and the gradient transformation it builds.
 
-Public names: `from_config`, `schedule_from_config`.
+Public names: `OptimConfig`, `from_config`, `schedule_from_config`.
 
 The optimizer half of `launch/train.py`, importable by a user's own script.
 
 Example:
     >>> import torch
-    >>> from ember.core.config import OptimConfig
     >>> tx = from_config(OptimConfig(name="adamw", learning_rate=1e-3), total_steps=100)
     >>> state = tx.init({"w": torch.zeros(2, 2)})
 """
 
 from __future__ import annotations
 
-from ..core.config import OptimConfig
+import dataclasses
+from typing import Callable, Dict, Literal, Optional
+
 from ..core.types import Schedule
 from .aliases import adafactor, adam, adamw, lion, sgd
 from .base import GradientTransformation
@@ -23,7 +24,43 @@ from .hyperparams import inject_hyperparams
 from .masking import decay_mask
 from .schedules import constant_schedule, cosine_decay_schedule, warmup_cosine_decay_schedule
 
-__all__ = ["from_config", "schedule_from_config"]
+__all__ = ["OptimConfig", "from_config", "schedule_from_config"]
+
+# The one list of optimizer names: `OptimConfig.name` offers exactly these (tyro's --help lists them).
+_OPTIMIZERS: Dict[str, Callable[["OptimConfig", Schedule], GradientTransformation]] = {
+    "adamw": lambda c, lr: adamw(lr, b1=c.b1, b2=c.b2, eps=c.eps, weight_decay=c.weight_decay, mask=decay_mask),
+    "adam": lambda c, lr: adam(lr, b1=c.b1, b2=c.b2, eps=c.eps),
+    "sgd": lambda c, lr: sgd(lr, momentum=c.b1 or None, weight_decay=c.weight_decay),
+    "lion": lambda c, lr: lion(lr, b1=c.b1, b2=c.b2, weight_decay=c.weight_decay, mask=decay_mask),
+    "adafactor": lambda c, lr: adafactor(lr, weight_decay_rate=c.weight_decay or None, weight_decay_mask=decay_mask),
+}
+OptimizerName = Literal[tuple(_OPTIMIZERS)]  # type: ignore[valid-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer and its learning-rate schedule."""
+
+    name: OptimizerName = "adamw"
+    """Optimizer alias in ember.optim."""
+    learning_rate: float = 3e-3
+    """Peak learning rate."""
+    schedule: Literal["constant", "cosine", "warmup_cosine"] = "warmup_cosine"
+    """Learning-rate schedule over `TrainConfig.steps`."""
+    warmup_steps: int = 20
+    """Linear warm-up steps (warmup_cosine only), capped at a tenth of the run."""
+    end_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of the peak (cosine schedules)."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied only to matrices (ndim >= 2): no decay on norms, biases."""
+    b1: float = 0.9
+    """First-moment decay (adam, adamw, lion) or momentum (sgd)."""
+    b2: float = 0.95
+    """Second-moment decay (adam, adamw, lion)."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    clip_norm: Optional[float] = 1.0
+    """Clip gradients to this global norm; None disables clipping."""
 
 
 def schedule_from_config(cfg: OptimConfig, *, total_steps: int) -> Schedule:
@@ -45,21 +82,9 @@ def from_config(cfg: OptimConfig, *, total_steps: int) -> GradientTransformation
     Weight decay applies to matrices only (`decay_mask`: no decay on norms and biases). The clip
     norm is a hyperparameter tensor in the state too, so changing it never recompiles.
     """
-    lr = schedule_from_config(cfg, total_steps=total_steps)
-    if cfg.name == "adamw":
-        tx = adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask)
-    elif cfg.name == "adam":
-        tx = adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
-    elif cfg.name == "sgd":
-        tx = sgd(lr, momentum=cfg.b1 or None, weight_decay=cfg.weight_decay)
-    elif cfg.name == "lion":
-        tx = lion(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)
-    elif cfg.name == "adafactor":
-        tx = adafactor(lr, weight_decay_rate=cfg.weight_decay or None, weight_decay_mask=decay_mask)
-    else:
-        raise ValueError(
-            f"optim.name={cfg.name!r} is not an optimizer; choose one of adamw, adam, sgd, lion, adafactor."
-        )
+    if cfg.name not in _OPTIMIZERS:
+        raise ValueError(f"optim.name={cfg.name!r} is not an optimizer; choose one of {', '.join(_OPTIMIZERS)}.")
+    tx = _OPTIMIZERS[cfg.name](cfg, schedule_from_config(cfg, total_steps=total_steps))
     if cfg.clip_norm is None:
         return tx
     return chain(inject_hyperparams(clip_by_global_norm)(max_norm=cfg.clip_norm), tx)

@@ -7,7 +7,7 @@ The update equations, reference and an example are on the alias `ember.optim.lio
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -18,11 +18,10 @@ from ..core.tree_math import tree_zeros_like
 from ..core.types import Params, Updates
 from . import _foreach
 from .adam import _check_beta
-from .base import GradientTransformation
+from .base import GradientTransformation, Scalar
 
 __all__ = ["ScaleByLionState", "scale_by_lion"]
 
-Scalar = Union[float, Tensor]
 
 
 @pytree.dataclass

@@ -9,7 +9,7 @@ the alias `ember.optim.sgd`.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -19,11 +19,10 @@ from ..core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from ..core.tree_math import tree_zeros_like
 from ..core.types import Params, Updates
 from . import _foreach
-from .base import GradientTransformation
+from .base import GradientTransformation, Scalar
 
 __all__ = ["EmaState", "TraceState", "ema", "trace"]
 
-Scalar = Union[float, Tensor]
 
 
 @pytree.dataclass

@@ -1,5 +1,5 @@
 """The layering rule: core imports nothing else from ember; optim, data, models import only core;
-nothing imports launch. Fails with file:line for each offending import."""
+nothing imports launch; no module of the package edits sys.path. Fails with file:line for each."""
 
 import ast
 import pathlib
@@ -56,3 +56,28 @@ def test_layering():
             if target == "launch":
                 bad.append(f"{path.relative_to(ROOT)}:{lineno} imports ember.launch")
     assert not bad, "layering violations (core <- optim/data/models <- launch):\n" + "\n".join(bad)
+
+
+PACKAGE_DIRS = ("core", "optim", "data", "models", "launch")
+
+
+def _package_files():
+    yield from sorted(ROOT.glob("*.py"))
+    for package in PACKAGE_DIRS:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def test_no_module_edits_sys_path():
+    bad = []
+    for path in _package_files():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys":
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "modules that touch sys.path (import through the installed package instead):\n" + "\n".join(bad)
+
+
+def test_launch_is_a_package_its_scripts_import_from():
+    for script in ("train.py", "tpu_pod.py", "bench.py", "ckpt.py", "bench_ckpt.py"):
+        text = (ROOT / "launch" / script).read_text()
+        assert "import _" not in text, f"launch/{script} imports a private sibling by file name"
+    assert (ROOT / "launch" / "__init__.py").is_file()

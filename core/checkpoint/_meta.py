@@ -17,7 +17,7 @@ import dataclasses
 import datetime
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..config import to_dict
+from ..dataclass_json import to_dict
 from ._tree import LeafSpec
 
 __all__ = ["CheckpointError", "CheckpointMeta", "model_info"]
@@ -47,7 +47,7 @@ def model_info(family: str, config: Any = None, *, arch: Optional[str] = None) -
 
     Args:
         family: the model family in the `ember.models` registry (`"llama3"`).
-        config: the family's config dataclass (stored as a dict via `ember.core.config.to_dict`).
+        config: the family's config dataclass (stored as a dict via `ember.core.dataclass_json.to_dict`).
         arch: the named architecture or run config the model came from (`"tiny"`, `"llama3_tiny"`).
 
     Returns:
@@ -93,7 +93,7 @@ class CheckpointMeta:
     Attributes:
         step: the training step the checkpoint was saved at.
         metrics: `{name: float}` given to `save` (losses, eval metrics).
-        config: the run config as a dict (`ember.core.config.to_dict`), or None.
+        config: the run config as a dict (`ember.core.dataclass_json.to_dict`), or None.
         model: `model_info(...)` of the model, or None.
         leaves: one `LeafSpec` per stored tensor (path, shape, dtype, CRC-32).
         aliases: `{path: path it shares its tensor with}` (tied weights).

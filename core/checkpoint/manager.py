@@ -27,9 +27,11 @@ holds. The checkpoint is one logical object either way: any mesh, or one device,
 
 Example:
     >>> import tempfile, torch
-    >>> from ember import optim
     >>> from ember.core import TrainState
-    >>> state = TrainState.create(params={"w": torch.arange(3.0)}, tx=optim.adamw(1e-2))
+    >>> class Count:  # any GradientTransformation; ember.optim builds real ones
+    ...     def init(self, params): return {"count": torch.zeros((), dtype=torch.int64)}
+    ...     def update(self, grads, state, params=None): return grads, {"count": state["count"] + 1}
+    >>> state = TrainState.create(params={"w": torch.arange(3.0)}, tx=Count())
     >>> with tempfile.TemporaryDirectory() as d:
     ...     with CheckpointManager(d, save_every=10) as ckpt:
     ...         ckpt.save(10, state, metrics={"loss": 1.5}, data_state={"next_batch": 10})
@@ -335,7 +337,8 @@ class CheckpointManager:
 
     def _read_arrays(self, step: int, meta: CheckpointMeta, items: Sequence[str]) -> Dict[str, Any]:
         stored = {item_of(leaf.path) for leaf in meta.leaves if leaf.size}  # items orbax wrote
-        metadata = self._read_items(step, dict.fromkeys(stored), metadata=True) if stored & set(items) else {}
+        wanted = sorted(stored & set(items))
+        metadata = self._read_items(step, dict.fromkeys(wanted), metadata=True) if wanted else {}
         args = {name: self._ocp.args.PyTreeRestore(restore_args=numpy_restore_args(metadata[name].tree))
                 for name in items if name in stored}  # numpy: a multi-process save's devices need not exist here
         arrays: Dict[str, Any] = {}

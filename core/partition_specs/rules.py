@@ -121,7 +121,7 @@ class Rules(tuple):
                     raise ShardingRuleError(
                         f"rule {i} ({name!r}, {mesh_axes!r}) names mesh axis {a!r}, but the mesh has axes "
                         f"{tuple(mesh_names)}; fix the name, add {a}=1 to the mesh, or drop the rule "
-                        f"(ember.core.partition_specs.restrict_to_mesh does that for a ready-made rule set)."
+                        f"(`rules.restrict_to(mesh.names)` does that for a ready-made rule set)."
                     )
         return self
 

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, ContextManager, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
+import threading
+from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 from ..pytree import tree_flatten, tree_map, tree_structure, tree_unflatten
 
 from ..mesh import Mesh
 from .layouts import Layout
-from .rules import ShardingRuleError, resolve, resolve_tree
+from .rules import Rules, ShardingRuleError, resolve, resolve_tree
 from .spec import PartitionSpec
 
 __all__ = [
@@ -120,38 +121,56 @@ class Sharding:
         return f"Sharding({self.mesh!r}, layout={self.layout.name!r})"
 
 
-_ACTIVE: List[Sharding] = []
+class _ActiveShardings(threading.local):
+    """The `use_sharding` stack, one per thread: another thread (data loading, an evaluation
+    thread) never sees, or pops, a training thread's sharding. Dynamo traces reads of it."""
+
+    def __init__(self) -> None:
+        self.stack: List[Optional[Sharding]] = []
+
+
+_ACTIVE = _ActiveShardings()
 
 
 @contextlib.contextmanager
 def use_sharding(sharding: Optional[Sharding]) -> Iterator[Optional[Sharding]]:
-    """Make `sharding` the one `constrain` uses (None: unsharded) and enter its lowering's context."""
-    _ACTIVE.append(sharding)
+    """Make `sharding` the one `constrain` uses in this thread (None: unsharded) and enter its lowering's context."""
+    _ACTIVE.stack.append(sharding)
     try:
         with (sharding.lowering.context() if sharding is not None else contextlib.nullcontext()):
             yield sharding
     finally:
-        _ACTIVE.pop()
+        _ACTIVE.stack.pop()
 
 
 def current_sharding() -> Optional[Sharding]:
-    """The innermost `use_sharding` value, or None."""
-    return _ACTIVE[-1] if _ACTIVE else None
+    """The innermost `use_sharding` value of this thread, or None."""
+    return _ACTIVE.stack[-1] if _ACTIVE.stack else None
 
 
-def constrain(x: torch.Tensor, axes: Sequence[Optional[str]]) -> torch.Tensor:
-    """`x` laid out as the compute rules say for logical `axes`; `x` itself when nothing is active.
+def constrain(x: torch.Tensor, axes: Sequence[Optional[str]], *, sharding: Optional[Sharding] = None,
+              rules: Optional[Iterable[Sequence[Any]]] = None) -> torch.Tensor:
+    """`x` laid out as the compute rules say for logical `axes`; `x` itself when no sharding applies.
 
     Models call it on the parameters they are about to use (FSDP's per-layer gather is this
     constraint under the compute rules) and on activations such as `("batch", "sequence", "embed")`.
+    Like Flax's `with_logical_constraint`, the context is the fallback: `sharding=` names the mesh
+    and layout explicitly (default: this thread's `use_sharding`), and `rules=` replaces the
+    layout's compute rules for this one call. With neither an explicit nor an active sharding, `x`
+    is returned unchanged (the same model code runs on one device).
     """
-    sharding = _ACTIVE[-1] if _ACTIVE else None
+    if sharding is None:
+        sharding = current_sharding()
     if sharding is None:
         return x
     if len(axes) != x.dim():
         raise ShardingRuleError(f"constrain: axes {tuple(axes)} name {len(axes)} dimensions but the tensor has "
                                 f"shape {tuple(x.shape)}; give one logical name (or None) per dimension.")
-    return sharding.lowering.constrain(x, sharding.compute_spec(axes))
+    if rules is None:
+        spec = sharding.compute_spec(axes)
+    else:
+        spec = resolve(tuple(axes), Rules(rules), mesh_sizes=sharding.mesh.sizes(), name=f"activation {tuple(axes)}")
+    return sharding.lowering.constrain(x, spec)
 
 
 def _replicated(x: Any) -> Any:

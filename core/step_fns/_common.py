@@ -1,4 +1,4 @@
-"""Private helpers shared by the step builders: loss-output parsing and state checks."""
+"""Private helpers shared by the step builders: argument checks, loss-output parsing, state checks."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..pytree import tree_leaves_with_path
+from ..transforms import check_scalar_loss
 
 _MSG_BAD_LOSS_OUTPUT = (
     "loss_fn must return a 0-d loss tensor or a tuple `(loss, aux)` with aux a dict of 0-d "
@@ -40,6 +41,19 @@ def check_state(x: Any, fn: str) -> None:
         raise TypeError(_MSG_NOT_A_STATE.format(fn=fn, got=describe(x)))
 
 
+def check_builder_args(builder: str, loss_fn: Any, compute_dtype: Any) -> None:
+    """The argument checks every step builder shares: a callable loss and a floating compute dtype."""
+    if not callable(loss_fn):
+        raise TypeError(
+            f"{builder}(loss_fn, ...) expects a callable `loss_fn(params, batch, *, key)`, got {type(loss_fn).__name__}."
+        )
+    if compute_dtype is not None and not (isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point):
+        raise TypeError(
+            f"{builder}(compute_dtype=...) must be None or a floating torch.dtype such as torch.bfloat16, "
+            f"got {compute_dtype!r}."
+        )
+
+
 def split_loss_output(out: Any, *, reserved: Tuple[str, ...] = ()) -> Tuple[Tensor, Dict[str, Tensor]]:
     """Split `loss` or `(loss, aux)` (decided by structure at trace time) and validate both."""
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
@@ -48,13 +62,7 @@ def split_loss_output(out: Any, *, reserved: Tuple[str, ...] = ()) -> Tuple[Tens
         loss, aux = out, {}
     if not isinstance(loss, Tensor):
         raise TypeError(_MSG_BAD_LOSS_OUTPUT.format(got=describe(out)))
-    if loss.dim() != 0:
-        raise ValueError(
-            f"loss_fn must return a 0-d loss, got shape {tuple(loss.shape)}. Reduce it inside "
-            f"loss_fn, e.g. `loss.mean()` (or use ember.core.step_fns.cross_entropy)."
-        )
-    if not (loss.is_floating_point()):
-        raise TypeError(f"loss_fn must return a floating-point loss, got dtype {loss.dtype}.")
+    check_scalar_loss(loss, name="loss_fn", what="the loss")
     for name, value in aux.items():
         if not isinstance(name, str):
             raise TypeError(f"aux metric names must be strings, got {name!r}.")

@@ -11,7 +11,7 @@ import torch
 
 from ..tree_math import tree_cast
 from ..types import Batch, Metrics
-from ._common import is_state_like, split_loss_output
+from ._common import check_builder_args, is_state_like, split_loss_output
 
 __all__ = ["eval_step"]
 
@@ -52,18 +52,7 @@ def eval_step(
         >>> {k: v.item() for k, v in metrics.items()}
         {'loss': 1.0, 'mae': 1.0}
     """
-    if not callable(loss_fn):
-        raise TypeError(
-            f"eval_step(loss_fn) expects a callable `loss_fn(params, batch, *, key)`, "
-            f"got {type(loss_fn).__name__}."
-        )
-    if compute_dtype is not None and not (
-        isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point
-    ):
-        raise TypeError(
-            f"eval_step(compute_dtype=...) must be None or a floating torch.dtype, "
-            f"got {compute_dtype!r}."
-        )
+    check_builder_args("eval_step", loss_fn, compute_dtype)
 
     def step(params_or_state: Any, batch: Batch) -> Metrics:
         params = params_or_state.params if is_state_like(params_or_state) else params_or_state

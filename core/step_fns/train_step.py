@@ -26,7 +26,8 @@ from ..tree_math import (
     tree_where,
 )
 from ..types import Batch, Key, Metrics, Params, PyTree
-from ._common import RESERVED_METRICS, check_state, find_learning_rate, split_loss_output
+from ..protocols import GradientTransformation
+from ._common import RESERVED_METRICS, check_builder_args, check_state, find_learning_rate, split_loss_output
 __all__ = ["train_step"]
 
 LossFn = Callable[..., Any]
@@ -39,12 +40,8 @@ _MSG_NO_TX = (
 
 
 def _check_args(loss_fn: Any, tx: Any, microbatches: Any, compute_dtype: Any) -> None:
-    if not callable(loss_fn):
-        raise TypeError(
-            f"train_step(loss_fn, ...) expects a callable `loss_fn(params, batch, *, key)`, "
-            f"got {type(loss_fn).__name__}."
-        )
-    if tx is not None and not callable(getattr(tx, "update", None)):
+    check_builder_args("train_step", loss_fn, compute_dtype)
+    if tx is not None and not isinstance(tx, GradientTransformation):
         raise TypeError(
             f"train_step(tx=...) expects a gradient transformation with "
             f"`update(grads, opt_state, params)`, got {type(tx).__name__}. "
@@ -56,13 +53,6 @@ def _check_args(loss_fn: Any, tx: Any, microbatches: Any, compute_dtype: Any) ->
         raise ValueError(
             f"train_step(microbatches=...) must be >= 1 (1 means no gradient accumulation), "
             f"got {microbatches}."
-        )
-    if compute_dtype is not None and not (
-        isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point
-    ):
-        raise TypeError(
-            f"train_step(compute_dtype=...) must be None or a floating torch.dtype such as "
-            f"torch.bfloat16, got {compute_dtype!r}."
         )
 
 
@@ -168,19 +158,20 @@ def train_step(
 
     Example:
         >>> import torch
-        >>> from ember import optim
         >>> from ember.core import TrainState, random
         >>> from ember.core.step_fns import train_step
+        >>> class SGD:  # any GradientTransformation; ember.optim builds real ones (`optim.sgd(0.1)`)
+        ...     def init(self, params): return {}
+        ...     def update(self, grads, state, params=None): return {k: -0.1 * g for k, g in grads.items()}, state
         >>> def loss_fn(params, batch, *, key):
         ...     pred = batch["x"] @ params["w"]
         ...     return ((pred - batch["y"]) ** 2).mean()
-        >>> state = TrainState.create(params={"w": torch.zeros(3)}, tx=optim.sgd(0.1),
-        ...                           key=random.key(0))
+        >>> state = TrainState.create(params={"w": torch.zeros(3)}, tx=SGD(), key=random.key(0))
         >>> batch = {"x": torch.eye(3), "y": torch.ones(3)}
         >>> step = train_step(loss_fn, microbatches=3)
         >>> state, metrics = step(state, batch)
         >>> int(state.step), round(metrics["loss"].item(), 4), sorted(metrics)
-        (1, 1.0, ['grad_norm', 'loss', 'lr', 'skipped', 'update_norm'])
+        (1, 1.0, ['grad_norm', 'loss', 'skipped', 'update_norm'])
         >>> [round(v, 4) for v in state.params["w"].tolist()]
         [0.0667, 0.0667, 0.0667]
     """

@@ -17,7 +17,8 @@ import torch
 
 from ember import data, optim
 from ember.core import TrainState, random
-from ember.core.config import DataConfig, OptimConfig
+from ember.data.config import DataConfig
+from ember.optim.config import OptimConfig
 from ember.core.jit import jit
 from ember.core.pytree import tree_leaves_with_path
 from ember.core.step_fns import train_step

@@ -13,7 +13,7 @@ import torch
 from ember import optim
 from ember.core import TrainState, random
 from ember.core.checkpoint import CheckpointError, CheckpointManager, CheckpointMeta, model_info
-from ember.core.config import TrainConfig
+from ember.launch.run_config import TrainConfig
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import Sharding, for_mesh
 from ember.core.pytree import tree_leaves_with_path

@@ -1,10 +1,8 @@
-"""launch/ckpt.py (list, export to safetensors / Hugging Face) and launch/_checkpointing.py (the
+"""launch/ckpt.py (list, export to safetensors / Hugging Face) and ember.launch.checkpointing (the
 functions train.py calls: build the manager from a TrainConfig, resume, save on schedule, finish)."""
 
 import dataclasses
 import io
-import pathlib
-import sys
 from typing import Optional
 
 import pytest
@@ -13,22 +11,23 @@ import torch
 from ember import data, optim
 from ember.core import TrainState, random
 from ember.core.checkpoint import CheckpointError, CheckpointManager
-from ember.core.config import DataConfig, OptimConfig, TrainConfig
+from ember.data.config import DataConfig
+from ember.launch.run_config import TrainConfig
+from ember.optim.config import OptimConfig
 from ember.core.jit import jit
-from ember.core.metrics_log import MetricsWriter
+from ember.launch.metrics_log import MetricsWriter
 from ember.core.pytree import tree_leaves_with_path
-from ember.core.step_fns import train_loop, train_step
+from ember.core.step_fns import train_step
+from ember.launch import checkpointing as C
+from ember.launch import ckpt as cli
+from ember.launch.loop import train_loop
 from ember.models import build_model, get_config, lm_loss
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "launch"))
-import _checkpointing as C  # noqa: E402
-import ckpt as cli  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
 class CkptConfig(TrainConfig):
-    """TrainConfig plus the checkpoint fields launch/_checkpointing.py reads."""
+    """TrainConfig plus the checkpoint fields ember.launch.checkpointing reads."""
 
     checkpoint_every: int = 2
     keep: int = 2

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from ember.core.metrics_log import read_metrics
+from ember.launch.metrics_log import read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHORT = ["--steps", "3", "--model.n_layers", "1", "--data.max_bytes", "300000", "--log_every", "1",

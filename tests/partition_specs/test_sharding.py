@@ -62,6 +62,42 @@ def test_constrain_is_identity_without_an_active_sharding():
     assert constrain(x, ("batch", "embed")) is x and current_sharding() is None
 
 
+def test_the_active_sharding_is_per_thread_and_explicit_arguments_override_it():
+    import threading
+
+    outer, explicit = _sharding("dp=2,tp=2"), _sharding("dp=4")
+    seen = {}
+
+    def other_thread():
+        seen["sharding"] = current_sharding()
+        with use_sharding(explicit):
+            seen["inner"] = current_sharding()
+
+    with use_sharding(outer):
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        assert current_sharding() is outer  # the other thread's push and pop left this one alone
+        x = torch.ones(4, 8)
+        constrain(x, ("batch", "mlp"))
+        constrain(x, ("batch", "mlp"), sharding=explicit)
+        constrain(x, ("batch", "mlp"), rules=[("batch", None), ("mlp", "dp")])
+    assert seen == {"sharding": None, "inner": explicit}
+    assert outer.lowering.constrained == [((4, 8), P("dp", "tp")), ((4, 8), P(None, "dp"))]
+    assert explicit.lowering.constrained == [((4, 8), P("dp", None))]
+    x = torch.ones(2)
+    assert constrain(x, ("batch",), rules=[("batch", "dp")]) is x  # no mesh anywhere: unchanged
+
+
+def test_a_rule_naming_a_missing_mesh_axis_names_the_method_that_drops_it():
+    from ember.core.partition_specs import Rules
+
+    rules = Rules([("batch", "dp"), ("mlp", "tp")])
+    with pytest.raises(ShardingRuleError, match=r"`rules.restrict_to\(mesh.names\)` does that"):
+        rules.check_mesh(("dp",))
+    assert rules.restrict_to(("dp",)).check_mesh(("dp",)) == Rules([("batch", "dp"), ("mlp", None)])
+
+
 def test_model_gathers_each_parameter_with_the_compute_rules_once_per_forward():
     model = build_model("llama3", "tiny", **LLAMA)
     params = model.init(random.key(0))

@@ -11,7 +11,7 @@ import torch
 import torch_xla
 
 from ember.core import TrainState, jit, random, xla
-from ember.core.config import OptimConfig
+from ember.optim.config import OptimConfig
 from ember.core.device import to_device
 from ember.core.step_fns import train_step
 from ember.models import build_model, lm_loss

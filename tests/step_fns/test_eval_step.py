@@ -73,7 +73,7 @@ ERRORS = [
     ("not_callable", lambda: eval_step(3), TypeError, r"callable `loss_fn"),
     ("bad_dtype", lambda: eval_step(loss_fn, compute_dtype=torch.int8), TypeError, r"floating"),
     ("vector_loss", lambda: eval_step(lambda p, b, *, key: b["x"].sum(-1))(*make()), ValueError,
-     r"0-d loss, got shape \(6,\)"),
+     r"0-d \(scalar\) loss tensor; the loss has shape \(6,\)"),
     ("aux_named_loss", lambda: eval_step(lambda p, b, *, key: (b["x"].sum(), {"loss": b["x"].sum()}))(
         *make()), ValueError, r"'loss' collides"),
 ]

@@ -258,7 +258,7 @@ def shadowing_aux_loss(params, batch, *, key):
 CALL_ERRORS = [
     ("dict_state", mlp_loss, lambda s: s.params, TypeError, r"TrainState\.create"),
     ("tensor_state", mlp_loss, lambda s: torch.zeros(3), TypeError, r"params.*opt_state.*step"),
-    ("vector_loss", vector_loss, lambda s: s, ValueError, r"0-d loss, got shape \(8,\)"),
+    ("vector_loss", vector_loss, lambda s: s, ValueError, r"0-d \(scalar\) loss tensor; the loss has shape \(8,\)"),
     ("list_loss", list_loss, lambda s: s, TypeError, r"0-d loss tensor or a tuple"),
     ("vector_aux", vector_aux_loss, lambda s: s, ValueError, r"'per_example' must be a 0-d"),
     ("shadowing_aux", shadowing_aux_loss, lambda s: s, ValueError, r"'grad_norm' collides"),

@@ -7,7 +7,8 @@ batches. Metrics stay on the device between logs; the only host syncs are at log
 
 Example:
     >>> import torch
-    >>> from ember.core import TrainState, metrics_log
+    >>> from ember.core import TrainState
+    >>> from ember.launch.metrics_log import MetricsWriter
     >>> class Halve:  # a minimal gradient transformation
     ...     init = staticmethod(lambda p: {})
     ...     update = staticmethod(lambda g, s, p=None: ({k: -0.5 * v for k, v in g.items()}, s))
@@ -15,7 +16,7 @@ Example:
     ...     grads = {"w": state.params["w"] - batch}
     ...     return state.apply_gradients(grads=grads), {"loss": (state.params["w"] - batch).pow(2).sum()}
     >>> state = TrainState.create(params={"w": torch.zeros(())}, tx=Halve())
-    >>> writer = metrics_log.MetricsWriter(None)
+    >>> writer = MetricsWriter(None)
     >>> state = train_loop(step, state, iter([torch.tensor(1.0)] * 4), steps=4, writer=writer,
     ...                    log_every=2, progress=False)
     >>> [r["step"] for r in writer.history], round(float(state.params["w"]), 4)
@@ -27,9 +28,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
-
-from ..metrics_log import MetricsWriter
-from ..types import Batch, Metrics, PyTree
+from ember.core.types import Batch, Metrics, PyTree
+from ember.launch.metrics_log import MetricsWriter
 
 __all__ = ["evaluate", "train_loop"]
 

@@ -1,4 +1,4 @@
-"""Checkpoints for `launch/train.py` (and `tpu_pod.py`): build the manager, resume, save on schedule.
+"""Checkpoint wiring of a run (`launch/train.py`, `tpu_pod.py`): build the manager, resume, save on schedule.
 
     ckpt = build_manager(cfg)                                    # OUT/checkpoints, or None without --out
     state = maybe_resume(ckpt, state, batches, cfg=cfg, resume=True, model_info=info)
@@ -12,8 +12,6 @@ Run-config fields read (`TrainConfig`):
     keep_best         also keep the best step by this metric: "eval_loss" (lower is better) or
                       "eval_accuracy:max"; None: off
     steps             the run's last step (always saved when checkpointing is on)
-
-Imported by sibling scripts as `import _checkpointing` (the launch folder is not a package).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import os
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from ember.core.checkpoint import CheckpointManager, model_info
-from ember.core.config import to_dict
+from ember.core.dataclass_json import to_dict
 
 __all__ = ["build_manager", "checkpoint_dir", "checkpoint_hook", "finish", "maybe_resume", "model_info_for",
            "save_if_due"]

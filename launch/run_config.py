@@ -1,13 +1,14 @@
 """Run configs: frozen dataclasses chosen by name and overridden from the command line with tyro.
 
-Public names: `OptimConfig`, `DataConfig`, `TrainConfig`, `register_config`, `get_config`,
-`list_configs`, `parse_cli`, `to_dict`.
+Public names: `TrainConfig`, `register_config`, `get_config`, `list_configs`, `parse_cli`,
+`to_dict`.
 
 A run config holds the model's config (any family's config dataclass, e.g. `Llama3Config`), the
-optimizer, the data, and the loop settings. Built-in configs are registered when `ember.models` is
-imported; a user's package registers its own with `@register_config("name")` and is found by
-`launch/train.py --import my_pkg`. A config is extended by subclassing its dataclass (decorate the
-subclass with `@dataclasses.dataclass(frozen=True)`) or by `dataclasses.replace`.
+optimizer (`ember.optim.OptimConfig`), the data (`ember.data.DataConfig`) and the loop settings.
+The built-in configs live in `ember.launch.presets`; a user's package registers its own with
+`@register_config("name")` and is found by `launch/train.py --import my_pkg`. A config is extended
+by subclassing its dataclass (decorate the subclass with `@dataclasses.dataclass(frozen=True)`) or
+by `dataclasses.replace`.
 
 Example:
     >>> import dataclasses
@@ -23,14 +24,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
+import importlib
+from typing import Any, Callable, List, Literal, Optional, Sequence
 
-from .registry import Registry
+from ember.core.dataclass_json import to_dict
+from ember.core.registry import Registry
+from ember.data.config import DataConfig
+from ember.optim.config import OptimConfig
 
 __all__ = [
-    "DataConfig",
-    "OptimConfig",
     "TrainConfig",
     "get_config",
     "list_configs",
@@ -38,59 +40,6 @@ __all__ = [
     "register_config",
     "to_dict",
 ]
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    """The optimizer and its learning-rate schedule."""
-
-    name: Literal["adamw", "adam", "sgd", "lion", "adafactor"] = "adamw"
-    """Optimizer alias in ember.optim."""
-    learning_rate: float = 3e-3
-    """Peak learning rate."""
-    schedule: Literal["constant", "cosine", "warmup_cosine"] = "warmup_cosine"
-    """Learning-rate schedule over `TrainConfig.steps`."""
-    warmup_steps: int = 20
-    """Linear warm-up steps (warmup_cosine only), capped at a tenth of the run."""
-    end_lr_ratio: float = 0.1
-    """Final learning rate as a fraction of the peak (cosine schedules)."""
-    weight_decay: float = 0.1
-    """Decoupled weight decay, applied only to matrices (ndim >= 2): no decay on norms, biases."""
-    b1: float = 0.9
-    """First-moment decay (adam, adamw, lion) or momentum (sgd)."""
-    b2: float = 0.95
-    """Second-moment decay (adam, adamw, lion)."""
-    eps: float = 1e-8
-    """Adam epsilon."""
-    clip_norm: Optional[float] = 1.0
-    """Clip gradients to this global norm; None disables clipping."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """Where tokens come from and how they are batched."""
-
-    source: Literal["stdlib", "text", "bin", "hf"] = "stdlib"
-    """stdlib: the running Python's own standard library sources (no download); text: files or a
-    glob at `path`; bin: a nanoGPT-style token .bin memmap; hf: a Hugging Face dataset saved to disk."""
-    path: Optional[str] = None
-    """Path for text / bin / hf sources."""
-    tokenizer: Literal["bytes", "bpe"] = "bytes"
-    """bytes: 256 byte values (+ EOS); bpe: a byte-level BPE trained locally on the corpus."""
-    vocab_size: int = 512
-    """Vocabulary size of the BPE tokenizer (ignored for bytes)."""
-    max_bytes: Optional[int] = 4_000_000
-    """Cap on corpus bytes read (stdlib/text), to keep start-up fast; None reads everything."""
-    seq_len: int = 128
-    """Tokens per training window."""
-    batch_size: int = 16
-    """Windows per batch (global, across data-parallel ranks)."""
-    num_workers: int = 0
-    """grain worker processes (0 = in the main process)."""
-    collate: str = "torch"
-    """Registered collator turning numpy batches into what the step takes (`@ember.data.collator`)."""
-    seed: int = 0
-    """Shuffle seed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +85,7 @@ class TrainConfig:
 
 
 _CONFIGS: Registry[Callable[[], TrainConfig]] = Registry(
-    "config", hint="Register one with @ember.core.config.register_config(name) in a module you --import."
+    "config", hint="Register one with @ember.launch.register_config(name) in a module you --import."
 )
 
 
@@ -145,8 +94,13 @@ def register_config(name: str) -> Callable[[Callable[[], TrainConfig]], Callable
     return _CONFIGS.register(name)
 
 
+def _register_presets() -> None:
+    importlib.import_module("ember.launch.presets")  # the built-in configs register on import
+
+
 def get_config(name: str) -> TrainConfig:
     """The registered config `name`, freshly built; unknown names list the close matches."""
+    _register_presets()
     cfg = _CONFIGS.get(name)()
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"config '{name}' must return a TrainConfig (or subclass), got {type(cfg).__name__}.")
@@ -155,6 +109,7 @@ def get_config(name: str) -> TrainConfig:
 
 def list_configs() -> List[str]:
     """Names of all registered configs."""
+    _register_presets()
     return _CONFIGS.names()
 
 
@@ -182,23 +137,3 @@ def parse_cli(name: str, args: Sequence[str], *, description: Optional[str] = No
     concrete = _concrete_type(base)
     default = concrete(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
     return tyro.cli(concrete, default=default, args=list(args), description=description)
-
-
-def to_dict(cfg: Any) -> Dict[str, Any]:
-    """A JSON-serialisable dict of a (nested) config, with each dataclass's type name recorded."""
-
-    def conv(x: Any) -> Any:
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            d = {f.name: conv(getattr(x, f.name)) for f in dataclasses.fields(x)}
-            return {"__type__": type(x).__name__, **d}
-        if isinstance(x, (list, tuple)):
-            return [conv(v) for v in x]
-        if isinstance(x, dict):
-            return {str(k): conv(v) for k, v in x.items()}
-        if isinstance(x, (str, int, float, bool)) or x is None:
-            return x
-        return repr(x)
-
-    out = conv(cfg)
-    json.dumps(out)  # fail here, not when a checkpoint is written
-    return out

@@ -1,4 +1,4 @@
-"""The multi-process half of `launch/train.py`: process group, mesh, and a step that runs sharded.
+"""Sharding wiring of a run under torchrun: process group, mesh, and a step that runs sharded.
 
     torchrun --nproc-per-node 2 launch/train.py --mesh dp=2 --steps 5
     torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=2,tp=2

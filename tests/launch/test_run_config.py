@@ -1,11 +1,11 @@
-"""Tests for ember.core.config: registry, CLI overrides (tyro), serialisation, subclassing."""
+"""Tests for ember.launch.run_config: registry, CLI overrides (tyro), serialisation, subclassing."""
 
 import dataclasses
 import json
 
 import pytest
 
-from ember.core import config as C
+from ember.launch import run_config as C
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Built-in run configs, registered in `ember.core.config` when `ember.models` is imported.
+"""Built-in run configs, registered with `ember.launch.run_config` when this module is imported.
 
 Public names: `llama3_tiny`, `gpt2_tiny`, `llama3_125m` (the functions building each config).
 
@@ -8,7 +8,7 @@ are the byte tokenizer's 257 ids (256 bytes + EOS) padded up to a multiple of 64
 trick: friendlier matmul shapes; the unused rows just learn to be unlikely).
 
 Example:
-    >>> from ember.core.config import get_config
+    >>> from ember.launch.run_config import get_config
     >>> cfg = get_config("llama3_tiny")
     >>> cfg.family, cfg.model.vocab_size
     ('llama3', 320)
@@ -16,8 +16,10 @@ Example:
 
 from __future__ import annotations
 
-from ..core.config import DataConfig, OptimConfig, TrainConfig, register_config
-from .registry import get_config
+from ember.data.config import DataConfig
+from ember.launch.run_config import TrainConfig, register_config
+from ember.models import get_config
+from ember.optim.config import OptimConfig
 
 __all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny"]
 

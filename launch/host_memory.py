@@ -5,11 +5,9 @@ Public names: `retain_freed_host_memory`.
 glibc's `malloc` serves each large block (above a threshold that adapts up to 32 MiB) with its own
 `mmap` and unmaps it on `free`, and returns the free top of its heap to the OS. A training step
 allocates and frees the same large buffers (activations, gradients, optimizer temporaries) every
-iteration, so it pays a page fault and a zeroed page for every 4 KiB of them, every step. On this
-2-core machine that made `llama3_125m` (batch 2 x 256) steps 4711 ms for ember's compiled step and
-3096 ms for `torch.compile(module)`; with freed memory kept, 2681 ms and 2626 ms
-(`launch/bench.py`, BENCHMARKS.md). The cost is that the process keeps its peak footprint, which a
-training process reaches every step anyway. `launch/train.py` and `launch/bench.py` call this at
+iteration, so it pays a page fault and a zeroed page for every 4 KiB of them, every step (BENCHMARKS.md
+has the measured cost). Keeping freed memory costs the peak footprint, which a training process
+reaches every step anyway. `launch/train.py` and `launch/bench.py` call this at
 start; it is a process-wide setting, so a library never calls it on its own.
 
 Example:

@@ -9,7 +9,7 @@ import pytest
 
 _CHILD = textwrap.dedent("""
     import sys, torch
-    from ember.core.host_memory import retain_freed_host_memory
+    from ember.launch.host_memory import retain_freed_host_memory
     def rss_mib():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096 / 2**20

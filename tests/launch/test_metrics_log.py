@@ -1,8 +1,8 @@
-"""Tests for ember.core.metrics_log."""
+"""Tests for ember.launch.metrics_log."""
 
 import torch
 
-from ember.core.metrics_log import MetricsWriter, plot_losses, read_metrics
+from ember.launch.metrics_log import MetricsWriter, plot_losses, read_metrics
 
 
 def test_jsonl_tensorboard_and_plot(tmp_out):

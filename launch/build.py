@@ -1,0 +1,56 @@
+"""What a run is made of, built from its `TrainConfig`: model, tokenizer, initial state, step functions.
+
+`launch/train.py` (Inductor / eager, DTensor under torchrun) and `launch/tpu_pod.py` (torch_xla
+SPMD) build the same pieces here, so a run config means the same model, data and optimizer on
+every launcher and the checkpoints of one resume on the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from ember import data, models
+from ember.core import TrainState, random, to_device
+from ember.core.step_fns import eval_step, train_step
+from ember.launch.run_config import TrainConfig
+from ember.optim.config import from_config
+
+__all__ = ["build_model", "build_tokenizer", "compute_dtype", "eval_fn", "initial_state", "step_fn"]
+
+
+def build_model(cfg: TrainConfig) -> Any:
+    """The model of `cfg.family` with `cfg.model`, checked against the data's sequence length."""
+    model = models.build_model(cfg.family, cfg.model)
+    models.check_lm_data(model, seq_len=cfg.data.seq_len)
+    return model
+
+
+def build_tokenizer(cfg: TrainConfig, model: Any) -> data.Tokenizer:
+    """The run's tokenizer, checked against the model's vocabulary."""
+    tokenizer = data.build_tokenizer(cfg.data)
+    models.check_lm_data(model, seq_len=cfg.data.seq_len, vocab_size=tokenizer.vocab_size)
+    return tokenizer
+
+
+def initial_state(cfg: TrainConfig, model: Any, device: Any = "cpu") -> TrainState:
+    """Parameters from `key(cfg.seed)`, the optimizer of `cfg.optim`, the step key `fold_in(key(seed), 1)`."""
+    params = to_device(model.init(random.key(cfg.seed)), device)
+    tx = from_config(cfg.optim, total_steps=cfg.steps)
+    return TrainState.create(params=params, tx=tx, key=random.fold_in(random.key(cfg.seed, device=device), 1))
+
+
+def compute_dtype(cfg: TrainConfig) -> Optional[torch.dtype]:
+    """None for float32 (no casting), else the torch dtype named by `cfg.compute_dtype`."""
+    return None if cfg.compute_dtype == "float32" else getattr(torch, cfg.compute_dtype)
+
+
+def step_fn(cfg: TrainConfig, model: Any) -> Callable:
+    """The pure training step `(state, batch) -> (state, metrics)` of the language-model loss."""
+    return train_step(models.lm_loss(model), microbatches=cfg.microbatches, compute_dtype=compute_dtype(cfg))
+
+
+def eval_fn(cfg: TrainConfig, model: Any) -> Callable:
+    """The pure evaluation `(params, batch) -> metrics` of the language-model loss."""
+    return eval_step(models.lm_loss(model), compute_dtype=compute_dtype(cfg))

@@ -1,0 +1,38 @@
+"""The run directory's own files and the end-of-run report: config.json, the loss plot, a sample."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List
+
+import torch
+
+from ember.core import random
+from ember.core.step_fns import generate
+from ember.launch.metrics_log import plot_losses
+from ember.launch.run_config import TrainConfig, to_dict
+
+__all__ = ["report_run", "save_config"]
+
+
+def save_config(cfg: TrainConfig) -> None:
+    """Write the run config to `OUT/config.json` (nothing without `cfg.out`)."""
+    if cfg.out:
+        with open(os.path.join(cfg.out, "config.json"), "w") as f:
+            json.dump(to_dict(cfg), f, indent=2)
+
+
+def report_run(cfg: TrainConfig, history: List[Dict[str, float]], *, model: Any, params: Any, tokenizer: Any,
+               device: Any) -> None:
+    """Plot `history` to `OUT/loss.png`, print the first and last eval loss, then a sample of the model."""
+    if cfg.out:
+        plot_losses(history, os.path.join(cfg.out, "loss.png"))
+    evals = [(r["step"], r["eval_loss"]) for r in history if "eval_loss" in r]
+    (s0, e0), (_, e1) = evals[0], evals[-1]
+    print(f"eval loss: {e0:.4f} at step {s0} -> {e1:.4f} at step {cfg.steps} ({100 * (1 - e1 / e0):.1f}% lower)")
+    if cfg.sample_tokens:
+        prompt = torch.tensor([tokenizer.encode(cfg.sample_prompt).tolist()], device=device)
+        out = generate(model.apply, params, prompt, max_new_tokens=cfg.sample_tokens, key=random.key(cfg.seed),
+                       temperature=0.8, top_k=40, max_seq_len=cfg.data.seq_len)
+        print("--- sample ---\n" + tokenizer.decode(out[0].cpu().tolist()) + "\n--------------")
