@@ -48,7 +48,7 @@ from .adafactor import scale_by_factored_rms as scale_by_factored_rms
 from .adafactor import scale_by_param_block_rms as scale_by_param_block_rms
 from .adam import ScaleByAdamState as ScaleByAdamState
 from .adam import scale_by_adam as scale_by_adam
-from .aliases import adafactor as adafactor
+from .adafactor import adafactor as adafactor
 from .aliases import adam as adam
 from .aliases import adamw as adamw
 from .aliases import lion as lion

@@ -1,6 +1,6 @@
 """Ready-made optimizers: `chain`s of building blocks, with tensor hyperparameters.
 
-Public names: `adam`, `adamw`, `sgd`, `lion`, `adafactor`.
+Public names: `adam`, `adamw`, `sgd`, `lion` (`adafactor` is in `adafactor.py`, beside its statistics).
 
 Each alias only chains building blocks (no math of its own) and wraps the chain in
 `inject_hyperparams`, so its state holds an `InjectHyperparamsState` whose `hyperparams` dict has
@@ -14,23 +14,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
-from torch import Tensor
-
-from .adafactor import scale_by_factored_rms, scale_by_param_block_rms
 from .adam import scale_by_adam
 from .base import GradientTransformation, Scalar, ScalarOrSchedule
-from .clipping import clip_by_block_rms
 from .combining import chain
 from .hyperparams import inject_hyperparams
 from .lion import scale_by_lion
 from .masking import Mask
-from .momentum import ema, trace
-from .scaling import scale, scale_by_learning_rate
+from .momentum import trace
+from .scaling import scale_by_learning_rate
 from .weight_decay import add_decayed_weights
 
-__all__ = ["adafactor", "adam", "adamw", "lion", "sgd"]
-
+__all__ = ["adam", "adamw", "lion", "sgd"]
 
 
 def _is_zero(x: object) -> bool:
@@ -293,117 +287,4 @@ def lion(
     """
     return inject_hyperparams(_lion_chain, static_args="mask")(
         learning_rate=learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=mask
-    )
-
-
-def _adafactor_chain(
-    learning_rate: Optional[Scalar],
-    min_dim_size_to_factor: int,
-    decay_rate: Scalar,
-    decay_offset: int,
-    multiply_by_parameter_scale: bool,
-    clipping_threshold: Optional[Scalar],
-    momentum: Optional[Scalar],
-    dtype_momentum: torch.dtype,
-    weight_decay_rate: Optional[Scalar],
-    eps: Scalar,
-    factored: bool,
-    weight_decay_mask: Optional[Mask],
-) -> GradientTransformation:
-    txs = [scale_by_factored_rms(factored, decay_rate, decay_offset, min_dim_size_to_factor, eps)]
-    if clipping_threshold is not None:
-        txs.append(clip_by_block_rms(clipping_threshold))
-    if learning_rate is not None:
-        txs.append(scale_by_learning_rate(learning_rate, flip_sign=False))
-    if multiply_by_parameter_scale:
-        txs.append(scale_by_param_block_rms())
-    if momentum is not None:
-        txs.append(ema(momentum, debias=False, accumulator_dtype=dtype_momentum))
-    if weight_decay_rate is not None:
-        txs.append(add_decayed_weights(weight_decay_rate, mask=weight_decay_mask))
-    txs.append(scale(-1.0))
-    return chain(*txs)
-
-
-def adafactor(
-    learning_rate: Optional[ScalarOrSchedule] = None,
-    *,
-    min_dim_size_to_factor: int = 128,
-    decay_rate: float = 0.8,
-    decay_offset: int = 0,
-    multiply_by_parameter_scale: bool = True,
-    clipping_threshold: Optional[float] = 1.0,
-    momentum: Optional[float] = None,
-    dtype_momentum: torch.dtype = torch.float32,
-    weight_decay_rate: Optional[float] = None,
-    eps: float = 1e-30,
-    factored: bool = True,
-    weight_decay_mask: Optional[Mask] = None,
-) -> GradientTransformation:
-    r"""Adafactor (Shazeer & Stern, 2018), matching `optax.adafactor`.
-
-    Second moments of leaves with two dims of at least `min_dim_size_to_factor` are kept
-    factored (a row and a column vector), which saves memory on large matrices. With
-    `beta_t = 1 - t ** -decay_rate` and `G = g ** 2 + eps`:
-
-        R_t = beta_t * R_{t-1} + (1 - beta_t) * mean_cols(G)     (rows, factored leaves)
-        C_t = beta_t * C_{t-1} + (1 - beta_t) * mean_rows(G)     (columns)
-        V_t = beta_t * V_{t-1} + (1 - beta_t) * G                (other leaves)
-        u = g / sqrt(R_t C_t / mean(R_t))  or  g / sqrt(V_t)
-        u = u / max(1, rms(u) / clipping_threshold)
-        u = lr_t * u * max(rms(param), 1e-3)                     (multiply_by_parameter_scale)
-        update = -(ema_momentum(u) + weight_decay_rate * param)
-
-    Built as `chain(scale_by_factored_rms, clip_by_block_rms, scale_by_learning_rate(...,
-    flip_sign=False), scale_by_param_block_rms, ema, add_decayed_weights, scale(-1))`, leaving
-    out the blocks whose argument is None / False.
-
-    Args:
-        learning_rate: a number, 0-d tensor or schedule; None uses no learning rate (the step
-            size is then relative to the parameter scale only).
-        min_dim_size_to_factor: factor only leaves whose second-largest dim has this size.
-        decay_rate: exponent of the second-moment decay schedule.
-        decay_offset: subtracted from the step count (for fine-tuning).
-        multiply_by_parameter_scale: scale updates by each parameter's RMS.
-        clipping_threshold: per-leaf RMS clipping threshold (>= 1), or None.
-        momentum: momentum (an EMA of updates), or None for none.
-        dtype_momentum: dtype of the momentum buffer.
-        weight_decay_rate: decoupled weight decay, or None.
-        eps: added to the squared gradients.
-        factored: use factored second moments at all.
-        weight_decay_mask: which parameters to decay (as `adamw`'s `mask`).
-
-    Returns:
-        A `GradientTransformation` with an `InjectHyperparamsState`.
-
-    Example:
-        >>> import torch
-        >>> from ember import optim
-        >>> params = {"w": torch.ones(256, 128)}
-        >>> tx = optim.adafactor(1e-2)
-        >>> state = tx.init(params)
-        >>> factored = state.inner_state[0]  # chain's first state: scale_by_factored_rms
-        >>> tuple(factored.v_row["w"].shape), tuple(factored.v_col["w"].shape)
-        ((128,), (256,))
-
-    References:
-        Shazeer & Stern, Adafactor: Adaptive Learning Rates with Sublinear Memory Cost, 2018
-        (https://arxiv.org/abs/1804.04235).
-    """
-    return inject_hyperparams(
-        _adafactor_chain,
-        static_args=("min_dim_size_to_factor", "decay_offset", "weight_decay_mask"),
-    )(
-        learning_rate=learning_rate,
-        min_dim_size_to_factor=min_dim_size_to_factor,
-        decay_rate=decay_rate,
-        decay_offset=decay_offset,
-        multiply_by_parameter_scale=multiply_by_parameter_scale,
-        clipping_threshold=clipping_threshold,
-        momentum=momentum,
-        dtype_momentum=dtype_momentum,
-        weight_decay_rate=weight_decay_rate,
-        eps=eps,
-        factored=factored,
-        weight_decay_mask=weight_decay_mask,
     )

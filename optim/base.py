@@ -28,7 +28,7 @@ from ..core import pytree
 from ..core.protocols import TransformInitFn as TransformInitFn
 from ..core.protocols import TransformUpdateFn as TransformUpdateFn
 from ..core.tree_math import apply_updates as apply_updates
-from ..core.types import OptState, Params, Schedule, Updates
+from ..core.types import Params, Schedule, Updates
 
 __all__ = [
     "EmptyState",

@@ -16,7 +16,8 @@ import dataclasses
 from typing import Callable, Dict, Literal, Optional
 
 from ..core.types import Schedule
-from .aliases import adafactor, adam, adamw, lion, sgd
+from .adafactor import adafactor
+from .aliases import adam, adamw, lion, sgd
 from .base import GradientTransformation
 from .clipping import clip_by_global_norm
 from .combining import chain

@@ -8,8 +8,9 @@ import importlib
 import pathlib
 import sys
 
-PACKAGES = ["ember", "ember.core", "ember.core.step_fns", "ember.core.testing", "ember.optim",
-            "ember.models", "ember.models.layers", "ember.data"]
+PACKAGES = ["ember", "ember.core", "ember.core.step_fns", "ember.core.testing", "ember.core.partition_specs",
+            "ember.core.checkpoint", "ember.optim",
+            "ember.models", "ember.models.layers", "ember.data", "ember.launch"]
 ASSET = pathlib.Path(__file__).parent / "assets" / "public_api.txt"
 
 
