@@ -1,10 +1,13 @@
 """ember.models: the layer DSL, the GPT-2 and Llama-3 families, and the architecture registry.
 
-Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `Attention`, ...), `GPT2`,
+Each family is a folder read top to bottom: `llama3/model.py` (attention, MLP, block, model),
+`llama3/config.py` (config and named sizes), `llama3/hf.py` (Hugging Face mapping); `gpt2/` likewise.
+
+Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `RMSNorm`, ...), `GPT2`,
 `GPT2Config`, `Llama3`, `Llama3Config`, `ModelRegistry`, `register_family`, `family`, `arch`,
 `get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
 `estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; bridges `from_torch`,
-`from_hf` / `to_hf` (Hugging Face GPT-2 and Llama folders); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`, `run_configs` (built-in run configs).
+`from_hf` / `to_hf` (Hugging Face GPT-2 and Llama folders); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`.
 
 Importing this package registers the built-in families (`gpt2`, `llama3`) and their architectures.
 
@@ -20,7 +23,6 @@ Example:
 """
 
 from . import layers as layers
-from . import run_configs as run_configs
 from .bridge import HF_GPT2_AXES_RULES as HF_GPT2_AXES_RULES
 from .bridge import HF_LLAMA_AXES_RULES as HF_LLAMA_AXES_RULES
 from .bridge import TorchModel as TorchModel
@@ -96,7 +98,6 @@ __all__ = [
     "params_to_hf",
     "register_family",
     "replace_config",
-    "run_configs",
     "to_hf",
     "to_lora",
 ]

@@ -1,6 +1,10 @@
 """Model size arithmetic from declared shapes (nothing is allocated).
 
-Public names: `count_params`, `estimate_memory`, `MemoryEstimate`.
+Public names: `count_params`, `estimate_memory`, `MemoryEstimate`, `describe`.
+
+`estimate_memory` is the what-if from a parameter count (an assumed dtype and optimizer-slot count,
+gradients included, nothing built). For the bytes one device holds of an actual (or meta) state
+under a sharding, with each tensor's own dtype, use `ember.core.partition_specs.memory_per_device`.
 
 Example:
     >>> from ember.models import build_model, count_params, estimate_memory

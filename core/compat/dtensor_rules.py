@@ -112,7 +112,7 @@ def _check_no_mask(op_schema: Any) -> None:
     if op_schema.kwargs_schema.get("attn_mask") is not None:
         raise NotImplementedError(
             "ember's DTensor rule for CPU scaled_dot_product_attention takes no attn_mask (DTensor cannot place a "
-            "keyword tensor); ember.models.layers.Attention computes masked attention explicitly under DTensor."
+            "keyword tensor); ember.models.layers.dot_product_attention computes masked attention explicitly under DTensor."
         )
 
 

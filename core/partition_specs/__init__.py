@@ -4,7 +4,8 @@ Public names: `PartitionSpec`, `Rules`, `ShardingRuleError`, `resolve`, `resolve
 `ACTIVATION_RULES`, `data_parallel`, `fsdp`, `tensor_parallel`, `fsdp_tp`, `for_mesh`, `Sharding`,
 `Lowering`, `shard`, `shard_batch`, `constrain`, `use_sharding`, `current_sharding`,
 `specs_like_params`, `describe_sharding`, `sharding_table`, `ShardRow`, `memory_per_device`,
-`MemoryPerDevice`, `local_shape_of`, `axes_from_rules` (path-pattern rules for bridged modules).
+`MemoryPerDevice`, `local_shape_of`, `axes_from_rules` (path-pattern rules for bridged modules),
+`explicit_attention_required` (when a sharding forces explicit attention).
 
 The pieces, in order: a model names each parameter's dimensions (`model.axes`, logical names such
 as `("mlp", "embed")`); ordered rules map logical names to mesh axes (`rules.py`, Flax semantics,
@@ -19,6 +20,7 @@ Example:
     PartitionSpec('tp', 'fsdp')
 """
 
+from .attention_policy import explicit_attention_required as explicit_attention_required
 from .layouts import ACTIVATION_RULES as ACTIVATION_RULES
 from .layouts import Layout as Layout
 from .layouts import data_parallel as data_parallel
@@ -50,23 +52,24 @@ from .spec import PartitionSpec as PartitionSpec
 __all__ = [
     "ACTIVATION_RULES",
     "Layout",
-    "MemoryPerDevice",
     "Lowering",
+    "MemoryPerDevice",
     "PartitionSpec",
     "Rules",
-    "Sharding",
     "ShardRow",
+    "Sharding",
     "ShardingRuleError",
     "axes_from_rules",
     "constrain",
     "current_sharding",
     "data_parallel",
     "describe_sharding",
+    "explicit_attention_required",
     "for_mesh",
-    "local_shape_of",
-    "memory_per_device",
     "fsdp",
     "fsdp_tp",
+    "local_shape_of",
+    "memory_per_device",
     "resolve",
     "resolve_tree",
     "shard",

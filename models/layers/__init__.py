@@ -1,39 +1,40 @@
-"""ember's layer DSL: parameter declarations, a `Module` base, and the transformer layers.
+"""ember's layer DSL: parameter declarations, a `Module` base, and the primitives model families share.
 
 Public names: `Param`, `Module`, `path_key`, `initializers` (module), `Linear`, `Embedding`,
-`LayerNorm`, `RMSNorm`, `RotaryEmbedding`, `RopeScaling`, `rope_frequencies`, `apply_rotary`,
-`Attention`, `attention_mask`, `repeat_kv`, `MLP`, `SwiGLU`, `ACTIVATIONS`, `Dropout`, `Block`,
-`Sequential`, `Stacked`.
+`LayerNorm`, `RMSNorm`, `Dropout`, `RotaryEmbedding`, `RopeScaling`, `rope_frequencies`,
+`apply_rotary`, `dot_product_attention`, `attention_mask`, `repeat_kv`, `Sequential`, `Stacked`.
 
-Logical axis names used by the built-in layers (the partition-spec rules map them onto mesh axes):
-`"vocab"`, `"embed"`, `"heads"` (query heads x head_dim, fused), `"kv_heads"` (key/value heads x
-head_dim, fused), `"mlp"`, `"layers"` (the leading axis of `Stacked`), and `None` for dimensions
-that are never sharded (learned position tables).
+Attention, feed-forward layers and blocks live with their family, on the page of its `model.py`
+(`ember.models.llama3`: `Attention`, `SwiGLU`, `Block`; `ember.models.gpt2`: `CausalSelfAttention`,
+`MLP`, `Block`). The old names `layers.Attention`, `layers.SwiGLU`, `layers.MLP`, `layers.Block` and
+`layers.ACTIVATIONS` still resolve there, with a `DeprecationWarning`.
+
+Logical axis names used by the built-in layers are listed in `axes.py`; the partition-spec rules
+map them onto mesh axes.
 
 Example:
     >>> import torch
     >>> from ember.core import random
-    >>> from ember.models.layers import Block, Attention, MLP, LayerNorm, Stacked
-    >>> blk = Block(attn=Attention(32, 4, bias=True), mlp=MLP(32, 128), ln_1=LayerNorm(32), ln_2=LayerNorm(32))
-    >>> model = Stacked(blk, num_layers=2)
+    >>> from ember.models.layers import Linear, Stacked
+    >>> model = Stacked(Linear(32, 32, in_axis="embed", out_axis="embed"), num_layers=2)
     >>> params = model.init(random.key(0))
-    >>> params["attn"]["wq"]["weight"].shape, model.axes["attn"]["wq"]["weight"]
-    (torch.Size([2, 32, 32]), ('layers', 'heads', 'embed'))
+    >>> params["weight"].shape, model.axes["weight"]
+    (torch.Size([2, 32, 32]), ('layers', 'embed', 'embed'))
     >>> model.apply(params, torch.randn(1, 6, 32)).shape
     torch.Size([1, 6, 32])
 """
 
+import importlib
+import warnings
+from typing import Any
+
 from . import initializers as initializers
-from .attention import Attention as Attention
 from .attention import attention_mask as attention_mask
+from .attention import dot_product_attention as dot_product_attention
 from .attention import repeat_kv as repeat_kv
-from .block import Block as Block
 from .dropout import Dropout as Dropout
 from .embedding import Embedding as Embedding
 from .linear import Linear as Linear
-from .mlp import ACTIVATIONS as ACTIVATIONS
-from .mlp import MLP as MLP
-from .mlp import SwiGLU as SwiGLU
 from .module import Module as Module
 from .module import path_key as path_key
 from .norms import LayerNorm as LayerNorm
@@ -47,14 +48,10 @@ from .stacked import Sequential as Sequential
 from .stacked import Stacked as Stacked
 
 __all__ = [
-    "ACTIVATIONS",
-    "Attention",
-    "Block",
     "Dropout",
     "Embedding",
     "LayerNorm",
     "Linear",
-    "MLP",
     "Module",
     "Param",
     "RMSNorm",
@@ -62,11 +59,33 @@ __all__ = [
     "RotaryEmbedding",
     "Sequential",
     "Stacked",
-    "SwiGLU",
     "apply_rotary",
     "attention_mask",
+    "dot_product_attention",
     "initializers",
     "path_key",
     "repeat_kv",
     "rope_frequencies",
 ]
+
+_MOVED = {  # old name here -> the module that now defines it (same name, same constructor)
+    "ACTIVATIONS": "ember.models.gpt2",
+    "Attention": "ember.models.llama3",
+    "Block": "ember.models.gpt2",
+    "MLP": "ember.models.gpt2",
+    "SwiGLU": "ember.models.llama3",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve the names that moved to a family package, with a `DeprecationWarning`."""
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    target = _MOVED[name]
+    warnings.warn(
+        f"ember.models.layers.{name} moved to {target}.{name}; the old path is removed in ember 0.3. "
+        f"Import it from {target}.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(target), name)

@@ -13,10 +13,8 @@ from ember.core import random
 from ember.core.testing import assert_trees_all_close, assert_trees_all_equal
 from ember.core.transforms import grad, stack_trees
 from ember.models import GPT2, GPT2Config, Llama3, Llama3Config
+from ember.models.gpt2 import MLP, Block, CausalSelfAttention
 from ember.models.layers import (
-    MLP,
-    Attention,
-    Block,
     Dropout,
     Embedding,
     LayerNorm,
@@ -28,10 +26,11 @@ from ember.models.layers import (
     RotaryEmbedding,
     Sequential,
     Stacked,
-    SwiGLU,
     rope_frequencies,
 )
 from ember.models.layers import initializers as inits
+from ember.models.llama3 import Attention, SwiGLU
+from ember.models.llama3 import Block as LlamaBlock
 
 D = 16
 
@@ -340,6 +339,35 @@ def test_attention_dropout_path():
     assert torch.equal(heavy.apply(p, x), attn.apply(p, x))  # no key: deterministic
 
 
+def test_family_attentions_and_blocks_agree():
+    """GPT-2's attention is Llama's without GQA / RoPE, plus biases: same params, same outputs, bit for bit."""
+    gpt2_attn, llama_attn = CausalSelfAttention(D, 4, dropout=0.5), Attention(D, 4, bias=True, dropout=0.5)
+    p = gpt2_attn.init(random.key(0))
+    assert_trees_all_equal(p, llama_attn.init(random.key(0)))
+    x, seg = _x(2, 5, D), torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    for kwargs in ({}, {"key": random.key(3)}, {"segment_ids": seg}):
+        assert torch.equal(gpt2_attn.apply(p, x, **kwargs), llama_attn.apply(p, x, **kwargs))
+    parts = dict(attn=Attention(D, 4, 2, rope=RotaryEmbedding(4)), mlp=SwiGLU(D, 32), ln_1=RMSNorm(D), ln_2=RMSNorm(D))
+    llama_blk, gpt2_blk = LlamaBlock(**parts), Block(**parts)
+    q = llama_blk.init(random.key(0))
+    assert torch.equal(llama_blk.apply(q, x, key=random.key(1)), gpt2_blk.apply(q, x, key=random.key(1)))
+
+
+@pytest.mark.parametrize("name,new_home", [("Attention", "llama3"), ("SwiGLU", "llama3"), ("MLP", "gpt2"),
+                                           ("Block", "gpt2"), ("ACTIVATIONS", "gpt2")])
+def test_moved_layer_names_warn_and_resolve(name, new_home):
+    import importlib
+
+    import ember.models.layers as layers
+
+    with pytest.warns(DeprecationWarning, match=rf"ember\.models\.layers\.{name} moved to ember\.models\.{new_home}"):
+        old = getattr(layers, name)
+    assert old is getattr(importlib.import_module(f"ember.models.{new_home}"), name)
+    assert name not in layers.__all__
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        layers.Nope
+
+
 def test_dropout_is_keyed():
     drop = Dropout(0.25)
     x = torch.ones(4000)
@@ -450,10 +478,10 @@ def test_builtin_layers_forward_kwargs(monkeypatch):
 
 MODEL_CASES = [  # (id, model, leaf layer classes it contains)
     ("gpt2", lambda: GPT2(GPT2Config(vocab_size=64, max_seq_len=8, n_layers=2, n_heads=2, d_model=16, dropout=0.1)),
-     {"Embedding", "LayerNorm", "Linear", "Dropout", "Attention", "MLP", "Block"}),
+     {"Embedding", "LayerNorm", "Linear", "Dropout", "CausalSelfAttention", "MLP", "Block"}),
     ("llama3_scan", lambda: Llama3(Llama3Config(vocab_size=64, max_seq_len=8, n_layers=2, n_heads=2, n_kv_heads=1,
                                                d_model=16, ffn_dim=32, scan_layers=True)),
-     {"Embedding", "RMSNorm", "Linear", "RotaryEmbedding", "Attention", "SwiGLU", "Block", "Dropout"}),
+     {"Embedding", "RMSNorm", "Linear", "RotaryEmbedding", "Attention", "SwiGLU", "Block"}),
 ]
 
 
@@ -461,7 +489,8 @@ MODEL_CASES = [  # (id, model, leaf layer classes it contains)
 def test_model_kwargs_reach_every_layer_class(monkeypatch, name, make_model, classes):
     """A kwarg given to a whole model's apply is seen by every layer class inside it."""
     seen: dict = {}
-    all_classes = (Linear, Embedding, LayerNorm, RMSNorm, RotaryEmbedding, Dropout, Attention, MLP, SwiGLU, Block)
+    all_classes = (Linear, Embedding, LayerNorm, RMSNorm, RotaryEmbedding, Dropout, Attention, CausalSelfAttention,
+                   MLP, SwiGLU, Block, LlamaBlock)
     for cls in all_classes:
 
         def spy(self, params, x, *, key=None, _orig=cls.apply, _cls=cls.__name__, **kwargs):

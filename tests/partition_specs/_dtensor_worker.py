@@ -74,7 +74,7 @@ def comm_counts(mode) -> dict:
 def block_collectives(model, params, sharding) -> dict:
     """`{"forward": counts, "backward": counts}` for block 0 of `model` (params: the full model's, unsharded)."""
     from ember.core.partition_specs import shard, use_sharding
-    from ember.models.layers.block import RESIDUAL_AXES
+    from ember.models.layers.axes import RESIDUAL_AXES
 
     block = model.children["blocks"].children["0"]
     block_params = shard(params["blocks"][0], sharding, axes=model.axes["blocks"][0])

@@ -1,0 +1,302 @@
+"""Llama 3 (Meta, "The Llama 3 Herd of Models", 2024), top to bottom: attention, MLP, block, model.
+
+Public names: `Attention`, `SwiGLU`, `Block`, `Llama3`.
+
+RMSNorm pre-norm blocks, rotary positions (theta 500,000; optional Llama-3.1 frequency scaling),
+grouped-query attention without biases, SwiGLU feed-forward, untied (8B, 70B) or tied (1B, 3B)
+output projection. The config and the named sizes are in `config.py`, the Hugging Face mapping in
+`hf.py`; the building blocks shared with other families (Linear, RMSNorm, RoPE, the attention
+kernel) are in `ember.models.layers`.
+
+Parameter tree (`L = n_layers`, `d = d_model`, `V = vocab_size`, `H = n_heads`, `KV = n_kv_heads`,
+`D = d // H`, `F = ffn_dim`; torch layout, the weight of a linear map is `(out, in)`):
+
+    wte.weight                      (V, d)       axes ("vocab", "embed")
+    blocks.{i}.ln_1.weight          (d,)         axes ("embed",)
+    blocks.{i}.attn.wq.weight       (H*D, d)     axes ("heads", "embed")
+    blocks.{i}.attn.wk.weight       (KV*D, d)    axes ("kv_heads", "embed")
+    blocks.{i}.attn.wv.weight       (KV*D, d)    axes ("kv_heads", "embed")
+    blocks.{i}.attn.wo.weight       (d, H*D)     axes ("embed", "heads")
+    blocks.{i}.ln_2.weight          (d,)
+    blocks.{i}.mlp.gate.weight      (F, d)       axes ("mlp", "embed")
+    blocks.{i}.mlp.up.weight        (F, d)       axes ("mlp", "embed")
+    blocks.{i}.mlp.down.weight      (d, F)       axes ("embed", "mlp")
+    ln_f.weight                     (d,)
+    lm_head.weight                  (V, d)       axes ("vocab", "embed")   absent when tie_embeddings
+
+These are Hugging Face `LlamaForCausalLM`'s tensors in the same layout, with no transposes and no
+q/k permutation (RoPE uses HF's rotate-half pairing). With `scan_layers=True`, `blocks` is one tree
+with a leading `(L,)` dim.
+
+Example:
+    >>> import torch
+    >>> from ember.core import random
+    >>> from ember.models import build_model
+    >>> model = build_model("llama3", "tiny")
+    >>> model.apply(model.init(random.key(0)), torch.zeros(1, 16, dtype=torch.long)).shape
+    torch.Size([1, 16, 256])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...core.partition_specs import constrain
+from ...core.types import Key, Params
+from .._checks import check_tokens
+from ..layers import Embedding, Linear, Module, RMSNorm, RotaryEmbedding, Sequential, Stacked
+from ..layers import dot_product_attention, repeat_kv
+from ..layers import initializers as inits
+from ..layers.axes import RESIDUAL_AXES
+from .config import Llama3Config
+
+__all__ = ["Attention", "Block", "Llama3", "SwiGLU"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Attention(Module):
+    """Causal self-attention with grouped-query heads and rotary positions (HF `LlamaAttention`).
+
+    Parameters: `wq` (H*D, d_model), `wk`/`wv` (KV*D, d_model), `wo` (d_model, H*D), torch layout,
+    each a `Linear` (with `.bias` when `bias=True`).
+
+    Keyword inputs read from `**kwargs` (and forwarded to sub-layers): `positions` (T,) or (B, T)
+    for RoPE (default `arange(T)`); `segment_ids` (B, T), tokens attend only within their segment;
+    `attention_mask` (B, T), 0 for padding keys. See `dot_product_attention` for how it is computed.
+
+    Attributes:
+        d_model: model width.
+        n_heads: H, query heads.
+        n_kv_heads: KV, key/value heads (None: = n_heads, plain multi-head). Must divide n_heads.
+        head_dim: D (None: d_model // n_heads, which must then divide exactly).
+        bias: biases on all four projections (HF `attention_bias`; Llama 3: False).
+        causal: causal masking.
+        dropout: attention-probability dropout rate (HF `attention_dropout`; Llama 3: 0).
+        rope: rotary embedding applied to queries and keys (None: no positions).
+        qkv_init: initializer of wq, wk, wv.
+        out_init: initializer of wo.
+        dtype: parameter dtype.
+
+    Example:
+        >>> import torch
+        >>> from ember.core import random
+        >>> attn = Attention(d_model=16, n_heads=4, n_kv_heads=2, rope=RotaryEmbedding(4))
+        >>> attn.apply(attn.init(random.key(0)), torch.randn(2, 5, 16)).shape
+        torch.Size([2, 5, 16])
+    """
+
+    d_model: int
+    n_heads: int
+    n_kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    bias: bool = False
+    causal: bool = True
+    dropout: float = 0.0
+    rope: Optional[RotaryEmbedding] = None
+    qkv_init: inits.Initializer = inits.normal(0.02)
+    out_init: inits.Initializer = inits.normal(0.02)
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def kv_heads(self) -> int:
+        """KV, the number of key/value heads."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_size(self) -> int:
+        """D, the per-head width."""
+        return self.d_model // self.n_heads if self.head_dim is None else self.head_dim
+
+    def validate(self) -> None:
+        for name in ("d_model", "n_heads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"Attention.{name} must be a positive int, got {v!r}.")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ValueError(
+                f"Attention: n_heads={self.n_heads} does not divide d_model={self.d_model} "
+                f"({self.d_model} / {self.n_heads} = {self.d_model / self.n_heads:.3g}). Pick n_heads "
+                f"among the divisors of d_model or set head_dim explicitly."
+            )
+        if self.kv_heads <= 0 or self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"Attention: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
+                f"(each key/value head serves n_heads / n_kv_heads query heads)."
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"Attention.dropout must be in [0, 1), got {self.dropout}.")
+        if self.rope is not None and self.rope.head_dim != self.head_size:
+            raise ValueError(
+                f"Attention: rope.head_dim={self.rope.head_dim} differs from the head size {self.head_size}."
+            )
+
+    def declare(self):
+        hd, kvd = self.n_heads * self.head_size, self.kv_heads * self.head_size
+
+        def proj(i: int, o: int, ia: str, oa: str, init: inits.Initializer) -> Linear:
+            return Linear(i, o, bias=self.bias, in_axis=ia, out_axis=oa, weight_init=init, dtype=self.dtype)
+
+        spec = {
+            "wq": proj(self.d_model, hd, "embed", "heads", self.qkv_init),
+            "wk": proj(self.d_model, kvd, "embed", "kv_heads", self.qkv_init),
+            "wv": proj(self.d_model, kvd, "embed", "kv_heads", self.qkv_init),
+            "wo": proj(hd, self.d_model, "heads", "embed", self.out_init),
+        }
+        if self.rope is not None:
+            spec["rope"] = self.rope
+        return spec
+
+    def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
+        """Args: x: (B, T, d_model); key: drives probability dropout. Returns: (B, T, d_model)."""
+        B, T, _ = x.shape
+        H, KV, D = self.n_heads, self.kv_heads, self.head_size
+        q = self.call("wq", params, x, **kwargs).view(B, T, H, D)  # (B, T, H, D)
+        k = self.call("wk", params, x, **kwargs).view(B, T, KV, D)  # (B, T, KV, D)
+        v = self.call("wv", params, x, **kwargs).view(B, T, KV, D)  # (B, T, KV, D)
+        if self.rope is not None:  # rotate q and k by their positions
+            q = self.call("rope", params, q, **kwargs)
+            k = self.call("rope", params, k, **kwargs)
+        q = q.transpose(1, 2)  # (B, H, T, D)
+        k = repeat_kv(k.transpose(1, 2), H // KV)  # (B, KV, T, D) -> (B, H, T, D): head h reads kv head h // (H/KV)
+        v = repeat_kv(v.transpose(1, 2), H // KV)  # (B, KV, T, D) -> (B, H, T, D)
+        y = dot_product_attention(
+            q, k, v, causal=self.causal, segment_ids=kwargs.get("segment_ids"),
+            padding_mask=kwargs.get("attention_mask"), dropout=self.dropout, key=key,
+        )  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+        return self.call("wo", params, y, **kwargs)  # (B, T, d_model)
+
+
+@dataclasses.dataclass(frozen=True)
+class SwiGLU(Module):
+    """`down(silu(gate(x)) * up(x))` (Shazeer 2020, "GLU Variants Improve Transformer", eq. 6).
+
+    Parameters `gate`, `up` (hidden, d_model) and `down` (d_model, hidden), no biases; these are
+    HF Llama's `gate_proj`, `up_proj`, `down_proj` (Meta's w1, w3, w2).
+
+    Attributes:
+        d_model: input and output width.
+        hidden: inner width (Llama-3 8B: 14336).
+        gate_init: initializer of `gate` and `up`.
+        down_init: initializer of `down`.
+        dtype: parameter dtype.
+    """
+
+    d_model: int
+    hidden: int
+    gate_init: inits.Initializer = inits.normal(0.02)
+    down_init: inits.Initializer = inits.normal(0.02)
+    dtype: torch.dtype = torch.float32
+
+    def declare(self):
+        def lin(i: int, o: int, ia: str, oa: str, init: inits.Initializer) -> Linear:
+            return Linear(i, o, bias=False, in_axis=ia, out_axis=oa, weight_init=init, dtype=self.dtype)
+
+        return {
+            "gate": lin(self.d_model, self.hidden, "embed", "mlp", self.gate_init),
+            "up": lin(self.d_model, self.hidden, "embed", "mlp", self.gate_init),
+            "down": lin(self.hidden, self.d_model, "mlp", "embed", self.down_init),
+        }
+
+    def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
+        """Args: x: (..., d_model). Returns: (..., d_model)."""
+        h = F.silu(self.call("gate", params, x, **kwargs)) * self.call("up", params, x, **kwargs)  # (..., hidden)
+        return self.call("down", params, h, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Block(Module):
+    """Pre-norm residual block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+
+    The residual stream is constrained to `RESIDUAL_AXES` after each branch (whole under tensor
+    parallelism).
+
+    Attributes:
+        attn: the token mixer, `(B, T, d) -> (B, T, d)` (Llama: `Attention`).
+        mlp: the feed-forward layer, `(B, T, d) -> (B, T, d)` (Llama: `SwiGLU`).
+        ln_1: norm before `attn` (Llama: `RMSNorm`).
+        ln_2: norm before `mlp`.
+    """
+
+    attn: Module
+    mlp: Module
+    ln_1: Module
+    ln_2: Module
+
+    def declare(self):
+        return {"ln_1": self.ln_1, "attn": self.attn, "ln_2": self.ln_2, "mlp": self.mlp}
+
+    def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
+        """Args: x: (B, T, d). Returns: (B, T, d)."""
+        h = self.call("ln_1", params, x, key=key, **kwargs)
+        x = constrain(x + self.call("attn", params, h, key=key, **kwargs), RESIDUAL_AXES)  # (B, T, d)
+        h = self.call("ln_2", params, x, key=key, **kwargs)
+        return constrain(x + self.call("mlp", params, h, key=key, **kwargs), RESIDUAL_AXES)  # (B, T, d)
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3(Module):
+    """The Llama-3 language model: `apply(params, tokens) -> logits`.
+
+    Attributes:
+        config: the hyperparameters.
+    """
+
+    config: Llama3Config = Llama3Config()
+
+    def validate(self) -> None:
+        if not isinstance(self.config, Llama3Config):
+            raise TypeError(f"Llama3 needs a Llama3Config, got {type(self.config).__name__}.")
+
+    def declare(self):
+        c = self.config
+        std = inits.normal(c.init_std)  # HF LlamaPreTrainedModel._init_weights: N(0, initializer_range)
+        rope = RotaryEmbedding(c.head_dim, theta=c.rope_theta, scaling=c.rope_scaling)
+        block = Block(
+            attn=Attention(c.d_model, c.n_heads, c.n_kv_heads, bias=False, rope=rope, qkv_init=std, out_init=std),
+            mlp=SwiGLU(c.d_model, c.ffn_dim, gate_init=std, down_init=std),
+            ln_1=RMSNorm(c.d_model, eps=c.norm_eps),
+            ln_2=RMSNorm(c.d_model, eps=c.norm_eps),
+        )
+        if c.scan_layers:
+            blocks = Stacked(block, c.n_layers, remat=c.remat)
+        else:
+            blocks = Sequential.repeat(block, c.n_layers, remat=c.remat)
+        spec = {
+            "wte": Embedding(c.vocab_size, c.d_model, weight_init=std),
+            "blocks": blocks,
+            "ln_f": RMSNorm(c.d_model, eps=c.norm_eps),
+        }
+        if not c.tie_embeddings:
+            spec["lm_head"] = Linear(
+                c.d_model, c.vocab_size, bias=False, in_axis="embed", out_axis="vocab", weight_init=std
+            )
+        return spec
+
+    def apply(self, params: Params, tokens: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
+        """Next-token logits.
+
+        Args:
+            params: the tree from `init`.
+            tokens: (B, T) integer token ids, T <= config.max_seq_len.
+            key: passed down for layers that use randomness (the built-in Llama has no dropout).
+            **kwargs: passed to every layer; `positions` (T,) or (B, T) overrides arange(T) for RoPE,
+                `segment_ids` / `attention_mask` (B, T) restrict attention (see `Attention`).
+
+        Returns:
+            (B, T, vocab_size) float32 logits.
+        """
+        check_tokens(tokens, max_seq_len=self.config.max_seq_len, field="Llama3Config.max_seq_len")
+        if kwargs.get("positions") is None:
+            kwargs["positions"] = torch.arange(tokens.shape[1], device=tokens.device)  # (T,)
+        x = constrain(self.call("wte", params, tokens, **kwargs), RESIDUAL_AXES)  # (B, T, d)
+        x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
+        x = self.call("ln_f", params, x, **kwargs)
+        if self.config.tie_embeddings:
+            return self.children["wte"].attend(params["wte"], x).float()  # (B, T, V)
+        return self.call("lm_head", params, x, **kwargs).float()  # (B, T, V)
