@@ -11,7 +11,7 @@ round-robin in one process after warm-up: `ember_inductor_donated`, `ember_eager
 on a GPU also `ember_inductor_bf16`, `torch_compiled_bf16`. Optional: `ember_inductor` (no
 donation), `torch_compiled_foreach`, `ember_xla` (torch_xla on a virtual CPU device, own process).
 `--memory` measures transient memory at peak in a fresh process per variant. Any config field is
-a dotted override (`--model.n_layers 1`). Reusable pieces live in `launch/bench_lib.py`.
+a dotted override (`--model.n_layers 1`). Reusable pieces live in `ember.launch.benchmark`.
 """
 
 import argparse
@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD_TAG = "BENCH_CHILD_RESULT "
 
 
@@ -46,7 +45,7 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, help="CPU threads for torch and XLA:CPU (default: torch's own choice)")
     p.add_argument("--warm-cache", action="store_true", help="keep Inductor's on-disk cache (first calls not cold)")
     p.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc as it is (by default freed "
-                   "memory stays in the process, as in launch/train.py: ember.core.host_memory)")
+                   "memory stays in the process, as in launch/train.py: ember.launch.host_memory)")
     p.add_argument("--compile-times", nargs="?", const="all", help="first-call time per variant in fresh "
                    "processes: cold (empty compile cache), then warm (the cache the cold one filled)")
     p.add_argument("--child", help=argparse.SUPPRESS)  # memory:<variant> or xla (internal)
@@ -82,24 +81,27 @@ def compile_times(argv, names):
     return out
 
 
-def run(args, argv, s, lib):
+def run(args, argv, s):
     """Time every variant, optionally measure memory and ember_xla, report; returns the results dict."""
-    names = args.variants.split(",") if args.variants else lib.default_variants(s.device)
+    from ember.launch.benchmark import (build_variant, default_variants, initial_losses, markdown_section,
+                                        matmul_peak, results, time_round_robin, update_markdown)
+
+    names = args.variants.split(",") if args.variants else default_variants(s.device)
     want_xla = "ember_xla" in names
     names = [n for n in names if n != "ember_xla"]
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     iters = args.iters if args.iters is not None else (3 if args.quick else 20)
-    initial = lib.initial_losses(s, jax="jax" in names)
+    initial = initial_losses(s, jax="jax" in names)
     if "jax" in names:
         print(f"initial loss: ember {initial['ember']:.6f}, jax {initial['jax']:.6f}, |diff| {initial['abs_diff']:.2e}"
               + ("" if initial["abs_diff"] <= 1e-4 else "  MISMATCH (> 1e-4)"), flush=True)
-    peak = lib.matmul_peak(s.device)
-    variants = [lib.build_variant(n, s) for n in names]
-    timed = lib.time_round_robin(variants, warmup=warmup, iters=iters)
-    peak = max(peak, lib.matmul_peak(s.device), key=lambda p: p["flops"])  # again: the machine is shared
-    res = lib.results(s, timed, peak=peak, warmup=warmup, iters=iters, config=args.config, initial_loss=initial,
-                      title=args.title or args.config, command="python launch/bench.py " + shlex.join(argv),
-                      notes={v.name: v.notes for v in variants})
+    peak = matmul_peak(s.device)
+    variants = [build_variant(n, s) for n in names]
+    timed = time_round_robin(variants, warmup=warmup, iters=iters)
+    peak = max(peak, matmul_peak(s.device), key=lambda p: p["flops"])  # again: the machine is shared
+    res = results(s, timed, peak=peak, warmup=warmup, iters=iters, config=args.config, initial_loss=initial,
+                  title=args.title or args.config, command="python launch/bench.py " + shlex.join(argv),
+                  notes={v.name: v.notes for v in variants})
     if args.memory:
         mem = names if args.memory == "all" else args.memory.split(",")
         res["memory"] = {n: run_child(argv, f"memory:{n}") for n in mem}
@@ -109,13 +111,13 @@ def run(args, argv, s, lib):
         x = res["ember_xla"] = run_child(argv, "xla", env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"})
         print(f"ember_xla: {x['compiles_first_call']} compile(s) in the first call, "
               f"{x['compiles_after_first_call']} more over {x['steps']} steps", flush=True)
-    section = lib.markdown_section(res)
+    section = markdown_section(res)
     print(section)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
     if args.markdown:
-        lib.update_markdown(args.markdown, section)
+        update_markdown(args.markdown, section)
     return res
 
 
@@ -125,7 +127,7 @@ def main(argv=None):
     # Memory children keep glibc's default: RSS must fall back when temporaries are freed, or the
     # held-state baseline would count freed memory and the transient figure would shrink.
     if not args.default_malloc and not (args.child or "").startswith("memory"):
-        from ember.core.host_memory import retain_freed_host_memory
+        from ember.launch.host_memory import retain_freed_host_memory
 
         kept = retain_freed_host_memory()  # every timed variant runs under it: they share this process
         os.environ["EMBER_BENCH_MALLOC"] = "keeps freed memory" if kept else "default"
@@ -142,27 +144,24 @@ def main(argv=None):
         if args.threads:
             torch.set_num_threads(args.threads)
 
-        import ember.models  # noqa: F401  (registers the run configs)
-        from ember.core.config import parse_cli
-
-        sys.path.insert(0, HERE)
-        import bench_lib as lib
+        from ember.launch.benchmark import build_setup, first_call_child, memory_child, xla_child
+        from ember.launch.run_config import parse_cli
 
         cfg = parse_cli(args.config, overrides, description=__doc__)
         on_gpu = torch.cuda.is_available() and args.child != "xla"
-        s = lib.build_setup(cfg, device=torch.device("cuda" if on_gpu else "cpu"), init=args.init)
+        s = build_setup(cfg, device=torch.device("cuda" if on_gpu else "cpu"), init=args.init)
         if args.child:
             kind, _, name = args.child.partition(":")
             steps = args.xla_steps or (5 if args.quick else 50)
             if kind == "memory":
-                out = lib.memory_child(s, name)
+                out = memory_child(s, name)
             elif kind == "first_call":
-                out = lib.first_call_child(s, name)
+                out = first_call_child(s, name)
             else:
-                out = lib.xla_child(s, steps=steps)
+                out = xla_child(s, steps=steps)
             print(CHILD_TAG + json.dumps(out), flush=True)
             return out
-        return run(args, argv, s, lib)
+        return run(args, argv, s)
     finally:
         if fresh:
             shutil.rmtree(fresh, ignore_errors=True)

@@ -10,9 +10,11 @@ import sys
 import pytest
 import torch
 
+from ember.core.pytree import tree_leaves
+from ember.launch import benchmark
+from ember.launch.run_config import parse_cli
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "launch"))
-import bench_lib  # noqa: E402
 
 SMALL = ["--model.n_layers", "1", "--data.batch_size", "4", "--data.seq_len", "32"]
 
@@ -28,7 +30,7 @@ def _bench(tmp_path, *args):
 @pytest.mark.slow
 def test_quick_run_reports_every_default_variant(tmp_path):
     res, stdout = _bench(tmp_path, "--config", "llama3_tiny", "--markdown", str(tmp_path / "B.md"), *SMALL)
-    assert set(res["variants"]) == set(bench_lib.default_variants(torch.device("cpu")))
+    assert set(res["variants"]) == set(benchmark.default_variants(torch.device("cpu")))
     for name, r in res["variants"].items():
         assert len(r["times_ms"]) == 3 and min(r["times_ms"]) > 0, name
         assert r["first_call_s"] > 0 and r["tokens_per_s"] > 0 and 0 < r["mfu"], name
@@ -80,36 +82,33 @@ JAX_CASES = [  # (config, overrides): the JAX forward must give ember's loss on 
 @pytest.mark.parametrize("config,overrides", JAX_CASES, ids=["llama", "llama-scan-untied", "gpt2", "gpt2-erf-nobias"])
 def test_jax_model_matches_ember(config, overrides):
     jax = pytest.importorskip("jax")
-    from ember.core.config import parse_cli
     from ember.models import lm_loss
 
     cfg = parse_cli(config, [*overrides, "--data.batch_size", "2", "--data.seq_len", "16"])
-    s = bench_lib.build_setup(cfg, device=torch.device("cpu"))
+    s = benchmark.build_setup(cfg, device=torch.device("cpu"))
     with torch.no_grad():
         ours = float(lm_loss(s.model)(s.params, s.batch, key=None)[0])
-    theirs = float(jax.jit(bench_lib.jax_loss_fn(s))(bench_lib.jax_params(s), s.batch["inputs"].numpy(),
+    theirs = float(jax.jit(benchmark.jax_loss_fn(s))(benchmark.jax_params(s), s.batch["inputs"].numpy(),
                                                      s.batch["targets"].numpy()))
     assert theirs == pytest.approx(ours, abs=1e-5)
 
 
 def test_fast_init_and_flops():
-    from ember.core.config import parse_cli
-
     cfg = parse_cli("llama3_tiny", ["--data.seq_len", "64"])
-    s = bench_lib.build_setup(cfg, device=torch.device("cpu"), init="fast")
+    s = benchmark.build_setup(cfg, device=torch.device("cpu"), init="fast")
     c = cfg.model
-    n = sum(t.numel() for t in bench_lib.tree_leaves(s.params))
+    n = sum(t.numel() for t in tree_leaves(s.params))
     assert s.init == "fast" and float(s.params["ln_f"]["weight"].min()) == 1.0
     assert 0.015 < float(s.params["wte"]["weight"].std()) < 0.025  # N(0, init_std)
-    fl = bench_lib.flops_per_token(s)  # tied embedding: every param is in a matmul
+    fl = benchmark.flops_per_token(s)  # tied embedding: every param is in a matmul
     assert fl == {"n_matmul_params": n, "flops_per_token": 6 * n + 12 * c.n_layers * c.d_model * 64}
 
 
 def test_markdown_section_is_replaced_not_duplicated(tmp_path):
     path = str(tmp_path / "BENCHMARKS.md")
-    bench_lib.update_markdown(path, "## a\n\nold a\n")
-    bench_lib.update_markdown(path, "## b\n\nonly b\n")
-    bench_lib.update_markdown(path, "## a\n\nnew a\n")
+    benchmark.update_markdown(path, "## a\n\nold a\n")
+    benchmark.update_markdown(path, "## b\n\nonly b\n")
+    benchmark.update_markdown(path, "## a\n\nnew a\n")
     text = pathlib.Path(path).read_text()
     assert text.startswith("# ember benchmarks") and text.count("## a") == 1 and text.count("## b") == 1
     assert "new a" in text and "old a" not in text and "only b" in text
@@ -117,4 +116,4 @@ def test_markdown_section_is_replaced_not_duplicated(tmp_path):
 
 def test_unknown_variant_lists_the_valid_ones():
     with pytest.raises(ValueError, match="unknown variant 'torch_jit'.*ember_inductor_donated"):
-        bench_lib.build_variant("torch_jit", None)
+        benchmark.build_variant("torch_jit", None)

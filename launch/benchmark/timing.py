@@ -1,0 +1,61 @@
+"""How long steps take: round-robin timing of variants, the matmul peak, percentiles.
+
+Public names: `time_round_robin`, `matmul_peak`, `percentile`.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from typing import Any, Dict, List
+
+import torch
+
+from .setup import Variant, sync
+
+
+def time_round_robin(variants: List[Variant], *, warmup: int, iters: int) -> Dict[str, Dict[str, Any]]:
+    """First call (cold compile) of each, `warmup` more rounds, then `iters` rounds with rotating order."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for v in variants:
+        t0 = time.perf_counter()
+        loss = float(v.step())  # host sync
+        out[v.name] = {"first_call_s": time.perf_counter() - t0, "first_loss": loss, "times": []}
+    for _ in range(warmup):
+        for v in variants:
+            v.step()
+    gc.collect()
+    for i in range(iters):
+        for v in variants[i % len(variants):] + variants[: i % len(variants)]:
+            t0 = time.perf_counter()
+            v.step()
+            out[v.name]["times"].append(time.perf_counter() - t0)
+    for v in variants:  # one more step each: the loss after the same number of steps
+        out[v.name]["last_loss"] = float(v.step())
+    return out
+
+
+def matmul_peak(device: torch.device, *, reps: int = 10) -> Dict[str, Any]:
+    """Best achieved FLOP/s of a large matmul (fp32 2048^3 on CPU, bf16 8192^3 on a GPU) over `reps` tries.
+
+    On a shared machine any one try can be slowed by other processes; the best one is the peak.
+    """
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (2048, torch.float32)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    sync(device)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return {"flops": 2 * n**3 / best, "matmul": f"{n}x{n}x{n} {str(dtype).replace('torch.', '')}"}
+
+
+def percentile(xs: List[float], q: float) -> float:
+    """The `q`-quantile (0..1) of `xs`, linearly interpolated."""
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)

@@ -1,0 +1,102 @@
+"""The named ways to run the training step: ember's jitted step under each backend, and the baselines.
+
+Public names: `VARIANTS`, `build_variant`, `default_variants`, `ember_variant`.
+
+A variant is built on a `Setup` and trains a private copy of its params; `ember_xla` is not here
+because it needs its own process (`children.xla_child`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
+
+from ember.core import TrainState, jit, random
+from ember.core.pytree import tree_map
+from ember.core.step_fns import train_step
+from ember.core.tree_math import tree_bytes
+from ember.models import lm_loss
+from ember.optim.config import from_config
+
+from .jax_baseline import jax_variant
+from .setup import Setup, Variant, bench_optim_config, sync
+from .torch_baseline import torch_variant
+
+
+@contextlib.contextmanager
+def _patches_disabled() -> Iterator[None]:
+    """`EMBER_DISABLE_PATCHES=all` within the block: ember's torch patches stay off (core/compat)."""
+    before = os.environ.get("EMBER_DISABLE_PATCHES")
+    os.environ["EMBER_DISABLE_PATCHES"] = "all"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["EMBER_DISABLE_PATCHES"]
+        else:
+            os.environ["EMBER_DISABLE_PATCHES"] = before
+
+
+def ember_variant(s: Setup, *, backend: str, donate: str = "state", compute_dtype: Optional[torch.dtype] = None,
+                  skip_nonfinite: bool = True, patches: bool = True, **jit_options: Any) -> Variant:
+    """`ember.core.jit(train_step(...))` with `backend`, `donate` and any other jit option."""
+    tx = from_config(bench_optim_config(s.cfg), total_steps=10_000)
+    params = tree_map(torch.clone, s.params)
+    box = [TrainState.create(params=params, tx=tx, key=random.key(s.cfg.seed, device=s.device))]
+    step = jit(train_step(lm_loss(s.model), skip_nonfinite=skip_nonfinite, compute_dtype=compute_dtype),
+               backend=backend, donate=donate, **jit_options)
+
+    def run() -> torch.Tensor:
+        with contextlib.nullcontext() if patches else _patches_disabled():  # read while compiling
+            box[0], metrics = step(box[0], s.batch)
+        sync(s.device)
+        return metrics["loss"]
+
+    return Variant("", run, lambda: tree_bytes(box[0]), device=s.device.type,
+                   notes=f"ember.core.jit(train_step(skip_nonfinite={skip_nonfinite}), backend={backend!r}, "
+                         f"donate={donate!r}{''.join(f', {k}={v!r}' for k, v in jit_options.items())})"
+                         + ("" if patches else ", EMBER_DISABLE_PATCHES=all"))
+
+
+VARIANTS: Dict[str, Callable[[Setup], Variant]] = {
+    "ember_inductor_donated": lambda s: ember_variant(s, backend="inductor"),
+    "ember_inductor": lambda s: ember_variant(s, backend="inductor", donate="none"),
+    "ember_inductor_donated_noskip": lambda s: ember_variant(s, backend="inductor", skip_nonfinite=False),
+    "ember_inductor_dynamo": lambda s: ember_variant(s, backend="inductor", tracer="dynamo"),
+    "ember_inductor_nondeterministic": lambda s: ember_variant(s, backend="inductor", deterministic=False),
+    "ember_inductor_no_patches": lambda s: ember_variant(s, backend="inductor", patches=False),
+    "ember_eager": lambda s: ember_variant(s, backend="eager"),
+    "ember_inductor_bf16": lambda s: ember_variant(s, backend="inductor", compute_dtype=torch.bfloat16),
+    "torch_compiled": lambda s: torch_variant(s, compile=True),
+    "torch_compiled_foreach": lambda s: torch_variant(s, compile=True, impl="foreach"),
+    "torch_eager": lambda s: torch_variant(s, compile=False),
+    "torch_compiled_bf16": lambda s: torch_variant(s, compile=True, autocast=torch.bfloat16),
+    "jax": jax_variant,
+}
+"""Every in-process variant; `ember_xla` runs in its own process (`xla_child`)."""
+
+
+def default_variants(device: torch.device) -> List[str]:
+    """The variants run without `--variants`: bf16 ones only on a GPU, `jax` only if optax imports."""
+    names = ["ember_inductor_donated", "ember_eager", "torch_compiled", "torch_eager"]
+    if device.type == "cuda":
+        names += ["ember_inductor_bf16", "torch_compiled_bf16"]
+    try:
+        import optax  # noqa: F401
+
+        names.append("jax")
+    except ImportError:
+        pass
+    return names
+
+
+def build_variant(name: str, s: Setup) -> Variant:
+    """Variant `name` built on `s`; unknown names list the valid ones."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; valid: {', '.join(sorted(VARIANTS))}, ember_xla.")
+    v = VARIANTS[name](s)
+    v.name = name
+    return v
