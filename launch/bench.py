@@ -17,14 +17,9 @@ a dotted override (`--model.n_layers 1`). Reusable pieces live in `ember.launch.
 import argparse
 import json
 import os
-import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
-
-CHILD_TAG = "BENCH_CHILD_RESULT "
-
 
 def parse_args(argv):
     """Split the benchmark's own flags from the config overrides (passed to `parse_cli`)."""
@@ -52,75 +47,6 @@ def parse_args(argv):
     return p.parse_known_args(argv)
 
 
-def run_child(argv, what, env=None):
-    """Run this script with the same flags plus `--child what` in a fresh process; return its JSON result."""
-    extra = env or {}
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", **extra}  # freed tensors leave RSS at once
-    if env.pop("EMBER_BENCH_FRESH_CACHE", None) and "TORCHINDUCTOR_CACHE_DIR" not in extra:
-        env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # each child compiles cold in its own cache
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child", what], env=env,
-                          capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith(CHILD_TAG):
-            return json.loads(line[len(CHILD_TAG):])
-    raise RuntimeError(f"bench child {what!r} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-
-
-def compile_times(argv, names):
-    """`{variant: {cold_s, warm_s}}`: first call in a fresh process on an empty cache, then on that cache."""
-    out = {}
-    for name in names:
-        cache = tempfile.mkdtemp(prefix="ember_bench_compile_")
-        try:
-            env = {"TORCHINDUCTOR_CACHE_DIR": cache}
-            runs = [run_child(argv, f"first_call:{name}", env=env)["first_call_s"] for _ in range(2)]
-        finally:
-            shutil.rmtree(cache, ignore_errors=True)
-        out[name] = {"cold_s": runs[0], "warm_s": runs[1]}
-        print(f"{name}: first call {runs[0]:.1f} s cold, {runs[1]:.1f} s with a warm cache", flush=True)
-    return out
-
-
-def run(args, argv, s):
-    """Time every variant, optionally measure memory and ember_xla, report; returns the results dict."""
-    from ember.launch.benchmark import (build_variant, default_variants, initial_losses, markdown_section,
-                                        matmul_peak, results, time_round_robin, update_markdown)
-
-    names = args.variants.split(",") if args.variants else default_variants(s.device)
-    want_xla = "ember_xla" in names
-    names = [n for n in names if n != "ember_xla"]
-    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    iters = args.iters if args.iters is not None else (3 if args.quick else 20)
-    initial = initial_losses(s, jax="jax" in names)
-    if "jax" in names:
-        print(f"initial loss: ember {initial['ember']:.6f}, jax {initial['jax']:.6f}, |diff| {initial['abs_diff']:.2e}"
-              + ("" if initial["abs_diff"] <= 1e-4 else "  MISMATCH (> 1e-4)"), flush=True)
-    peak = matmul_peak(s.device)
-    variants = [build_variant(n, s) for n in names]
-    timed = time_round_robin(variants, warmup=warmup, iters=iters)
-    peak = max(peak, matmul_peak(s.device), key=lambda p: p["flops"])  # again: the machine is shared
-    res = results(s, timed, peak=peak, warmup=warmup, iters=iters, config=args.config, initial_loss=initial,
-                  title=args.title or args.config, command="python launch/bench.py " + shlex.join(argv),
-                  notes={v.name: v.notes for v in variants})
-    if args.memory:
-        mem = names if args.memory == "all" else args.memory.split(",")
-        res["memory"] = {n: run_child(argv, f"memory:{n}") for n in mem}
-    if args.compile_times:
-        res["compile_times"] = compile_times(argv, names if args.compile_times == "all" else args.compile_times.split(","))
-    if want_xla:
-        x = res["ember_xla"] = run_child(argv, "xla", env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"})
-        print(f"ember_xla: {x['compiles_first_call']} compile(s) in the first call, "
-              f"{x['compiles_after_first_call']} more over {x['steps']} steps", flush=True)
-    section = markdown_section(res)
-    print(section)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
-    if args.markdown:
-        update_markdown(args.markdown, section)
-    return res
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args, overrides = parse_args(argv)
@@ -144,7 +70,7 @@ def main(argv=None):
         if args.threads:
             torch.set_num_threads(args.threads)
 
-        from ember.launch.benchmark import build_setup, first_call_child, memory_child, xla_child
+        from ember.launch.benchmark import CHILD_TAG, build_setup, first_call_child, memory_child, run, xla_child
         from ember.launch.run_config import parse_cli
 
         cfg = parse_cli(args.config, overrides, description=__doc__)

@@ -8,6 +8,7 @@
     summary         per-variant statistics, FLOPs per token, machine info: the results dict
     children        measurements that need a fresh process: memory, first call, torch_xla
     report          the BENCHMARKS.md section
+    runner          the parent process: time the variants, run the children, report
 
 Example:
     setup = build_setup(get_config("llama3_tiny"), device=torch.device("cpu"))
@@ -23,6 +24,10 @@ from .jax_baseline import jax_loss_fn as jax_loss_fn
 from .jax_baseline import jax_params as jax_params
 from .report import markdown_section as markdown_section
 from .report import update_markdown as update_markdown
+from .runner import CHILD_TAG as CHILD_TAG
+from .runner import compile_times as compile_times
+from .runner import run as run
+from .runner import run_child as run_child
 from .setup import Setup as Setup
 from .setup import Variant as Variant
 from .setup import build_setup as build_setup
@@ -38,12 +43,14 @@ from .variants import build_variant as build_variant
 from .variants import default_variants as default_variants
 
 __all__ = [
+    "CHILD_TAG",
     "Setup",
     "TorchLM",
     "VARIANTS",
     "Variant",
     "build_setup",
     "build_variant",
+    "compile_times",
     "default_variants",
     "first_call_child",
     "flops_per_token",
@@ -55,6 +62,8 @@ __all__ = [
     "matmul_peak",
     "memory_child",
     "results",
+    "run",
+    "run_child",
     "summarize",
     "time_round_robin",
     "update_markdown",
