@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Optional
 
+from ..core.config_checks import check_fields, non_negative_int, optional, positive_int
 from .bpe import train_bpe
 from .collate import Collator, get_collator
 from .iterator import PipelineIterator
@@ -55,6 +56,10 @@ class DataConfig:
     """Registered collator turning numpy batches into what the step takes (`@ember.data.collator`)."""
     seed: int = 0
     """Shuffle seed."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "data.", vocab_size=positive_int, max_bytes=optional(positive_int), seq_len=positive_int,
+                     batch_size=positive_int, num_workers=non_negative_int, seed=non_negative_int)
 
 
 def _source(cfg: DataConfig, split: Split) -> Any:

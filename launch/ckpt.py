@@ -13,6 +13,8 @@ import json
 import sys
 import typing
 
+from ember.launch.cli import run_main
+
 
 def _config_from_dict(d):
     """The model config dataclass `ember.core.dataclass_json.to_dict` recorded (nested dataclasses too)."""
@@ -101,4 +103,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

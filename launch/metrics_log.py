@@ -5,6 +5,9 @@ Public names: `MetricsWriter`, `read_metrics`, `plot_losses`.
 Steps return metrics as 0-d device tensors; the writer is the one place they cross to the host,
 all at once per logged step (`torch.stack(...).tolist()`), so a step never syncs.
 
+`metrics.jsonl` is strict JSON: a NaN or infinite value (a diverged run) is written as `null`, which
+every JSON reader accepts, and `read_metrics` gives it back as NaN.
+
 Example:
     >>> import tempfile, torch
     >>> d = tempfile.mkdtemp()
@@ -64,7 +67,8 @@ class MetricsWriter:
         row = {"step": int(step), **{prefix + k: v for k, v in _to_host(metrics).items()}}
         self.history.append(row)
         if self._file is not None:
-            self._file.write(json.dumps(row) + "\n")
+            strict = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in row.items()}
+            self._file.write(json.dumps(strict, allow_nan=False) + "\n")
         if self._tb is not None:
             for k, v in row.items():
                 if k != "step" and math.isfinite(v):
@@ -88,9 +92,10 @@ class MetricsWriter:
 
 
 def read_metrics(out: str | os.PathLike) -> List[Dict[str, float]]:
-    """The rows of `<out>/metrics.jsonl`."""
+    """The rows of `<out>/metrics.jsonl` (`null` values, written for NaN and infinities, read as NaN)."""
     with open(os.path.join(os.fspath(out), METRICS_FILE)) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [{k: math.nan if v is None else v for k, v in row.items()} for row in rows]
 
 
 def plot_losses(rows: List[Mapping[str, float]], path: str | os.PathLike) -> None:

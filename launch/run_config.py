@@ -27,6 +27,7 @@ import dataclasses
 import importlib
 from typing import Any, Callable, List, Literal, Optional, Sequence
 
+from ember.core.config_checks import check_fields, non_negative_int, positive_int
 from ember.core.dataclass_json import to_dict
 from ember.core.registry import Registry
 from ember.data.config import DataConfig
@@ -82,6 +83,11 @@ class TrainConfig:
     """How many recent checkpoints to keep (0: all)."""
     keep_best: Optional[str] = None
     """Also keep the best checkpoint by this metric: "eval_loss" (lower is better) or "name:max"."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, steps=positive_int, microbatches=positive_int, seed=non_negative_int,
+                     log_every=positive_int, eval_every=non_negative_int, eval_batches=positive_int,
+                     sample_tokens=non_negative_int, keep=non_negative_int)
 
 
 _CONFIGS: Registry[Callable[[], TrainConfig]] = Registry(

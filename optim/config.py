@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, Literal, Optional
 
+from ..core.config_checks import (Check, check_fields, finite_non_negative, finite_positive, fraction,
+                                  non_negative_int, optional)
 from ..core.types import Schedule
 from .adafactor import adafactor
 from .aliases import adam, adamw, lion, sgd
@@ -36,6 +38,7 @@ _OPTIMIZERS: Dict[str, Callable[["OptimConfig", Schedule], GradientTransformatio
     "adafactor": lambda c, lr: adafactor(lr, weight_decay_rate=c.weight_decay or None, weight_decay_mask=decay_mask),
 }
 OptimizerName = Literal[tuple(_OPTIMIZERS)]  # type: ignore[valid-type]
+_UNIT_INTERVAL = Check(lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "a number in [0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,11 @@ class OptimConfig:
     clip_norm: Optional[float] = 1.0
     """Clip gradients to this global norm; None disables clipping."""
 
+    def __post_init__(self) -> None:
+        check_fields(self, "optim.", learning_rate=finite_positive, warmup_steps=non_negative_int,
+                     end_lr_ratio=_UNIT_INTERVAL, weight_decay=finite_non_negative, b1=fraction, b2=fraction,
+                     eps=finite_positive, clip_norm=optional(finite_positive))
+
 
 def schedule_from_config(cfg: OptimConfig, *, total_steps: int) -> Schedule:
     """The learning-rate schedule of `cfg` over a run of `total_steps` steps."""
@@ -71,8 +79,6 @@ def schedule_from_config(cfg: OptimConfig, *, total_steps: int) -> Schedule:
         return constant_schedule(cfg.learning_rate)
     if cfg.schedule == "cosine":
         return cosine_decay_schedule(cfg.learning_rate, max(total_steps, 1), alpha=cfg.end_lr_ratio)
-    if cfg.warmup_steps < 0:
-        raise ValueError(f"optim.warmup_steps must be >= 0, got {cfg.warmup_steps}.")
     warmup = min(cfg.warmup_steps, total_steps // 10)  # short runs (--steps 20) keep a decay phase
     return warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(total_steps, 1), end)
 

@@ -1,5 +1,9 @@
 """Tests for ember.launch.metrics_log."""
 
+import json
+import math
+
+import pytest
 import torch
 
 from ember.launch.metrics_log import MetricsWriter, plot_losses, read_metrics
@@ -18,10 +22,15 @@ def test_jsonl_tensorboard_and_plot(tmp_out):
     assert (tmp_out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_nan_is_logged_not_dropped(tmp_out):
+def test_nan_is_logged_not_dropped_as_strict_json(tmp_out):
     with MetricsWriter(tmp_out) as w:
-        row = w.write(3, {"loss": torch.tensor(float("nan"))})
+        row = w.write(3, {"loss": torch.tensor(float("nan")), "grad_norm": torch.tensor(float("inf")), "lr": 0.5})
     assert row["loss"] != row["loss"]
+    line = (tmp_out / "metrics.jsonl").read_text()
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}")) == {
+        "step": 3, "loss": None, "grad_norm": None, "lr": 0.5}
+    got = read_metrics(tmp_out)[0]
+    assert math.isnan(got["loss"]) and math.isnan(got["grad_norm"]) and got["lr"] == 0.5
 
 
 def test_fresh_run_truncates_and_resume_appends(tmp_out):
