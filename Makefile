@@ -43,7 +43,7 @@ test-xla: install-xla
 	EMBER_REQUIRE_XLA=$(XLA_PLATFORM) $(PY_XLA) -m pytest $(PYTEST_ARGS)
 
 train: install
-	$(PY) launch/train.py
+	$(PY) launch/train.py --overwrite  # the default run replaces the last one in runs/default
 
 bench: install
 	$(PY) launch/bench.py --quick

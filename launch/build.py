@@ -7,6 +7,7 @@ every launcher and the checkpoints of one resume on the other.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Optional
 
 import torch
@@ -14,10 +15,11 @@ import torch
 from ember import data, models
 from ember.core import TrainState, random, to_device
 from ember.core.step_fns import eval_step, train_step
+from ember.launch.loop import evaluate
 from ember.launch.run_config import TrainConfig
 from ember.optim.config import from_config
 
-__all__ = ["build_model", "build_tokenizer", "compute_dtype", "eval_fn", "initial_state", "step_fn"]
+__all__ = ["build_model", "build_tokenizer", "compute_dtype", "eval_fn", "evaluator", "initial_state", "step_fn"]
 
 
 def build_model(cfg: TrainConfig) -> Any:
@@ -54,3 +56,13 @@ def step_fn(cfg: TrainConfig, model: Any) -> Callable:
 def eval_fn(cfg: TrainConfig, model: Any) -> Callable:
     """The pure evaluation `(params, batch) -> metrics` of the language-model loss."""
     return eval_step(models.lm_loss(model), compute_dtype=compute_dtype(cfg))
+
+
+def evaluator(cfg: TrainConfig, eval_one: Callable, *, tokenizer: Any, device: Any) -> Callable:
+    """`eval_fn(state) -> metrics`: `eval_one` averaged over `cfg.eval_batches` batches of the eval split."""
+
+    def eval_fn(state: TrainState) -> Any:
+        batches = data.build_batches(cfg.data, tokenizer=tokenizer, split="eval", device=device)
+        return evaluate(eval_one, state.params, itertools.islice(batches, cfg.eval_batches))
+
+    return eval_fn

@@ -47,16 +47,25 @@ class MetricsWriter:
         out: the run directory, or None to only keep `history`.
         tensorboard: also write TensorBoard event files under `out`.
         append: keep the rows already in `metrics.jsonl` (a resumed run); otherwise start it afresh.
+        up_to_step: with `append`, keep only the rows up to this step (the step a run resumes
+            from): the steps after it run again, so each step keeps one row.
     """
 
-    def __init__(self, out: Optional[str | os.PathLike], *, tensorboard: bool = True, append: bool = False) -> None:
+    def __init__(self, out: Optional[str | os.PathLike], *, tensorboard: bool = True, append: bool = False,
+                 up_to_step: Optional[int] = None) -> None:
         self.out = None if out is None else os.fspath(out)
         self.history: List[Dict[str, float]] = []
         self._file = None
         self._tb = None
         if self.out is not None:
             os.makedirs(self.out, exist_ok=True)
-            self._file = open(os.path.join(self.out, METRICS_FILE), "a" if append else "w", buffering=1)
+            path = os.path.join(self.out, METRICS_FILE)
+            if append and up_to_step is not None and os.path.exists(path):
+                with open(path) as f:
+                    kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= up_to_step]
+                with open(path, "w") as f:
+                    f.writelines(kept)
+            self._file = open(path, "a" if append else "w", buffering=1)
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 

@@ -1,32 +1,30 @@
 """Train a model with ember's pure step: the default run, any registered config, or your own.
 
-    python launch/train.py                                    # llama3_tiny on the stdlib corpus (make train)
-    python launch/train.py --config gpt2_tiny --steps 50 --out runs/gpt2
-    python launch/train.py --model.n_layers 2 --optim.learning_rate 1e-3 --backend eager
-    python launch/train.py --import my_pkg --config my_config  # a family / config from your package
+    python launch/train.py                                    # llama3_tiny on the stdlib corpus, into runs/default
+    python launch/train.py --config gpt2_tiny --model.n_layers 2 --backend eager --steps 50 --out runs/gpt2
     python launch/train.py --dry-run                          # parameters, axes, memory; no step
     python launch/train.py --out runs/a --checkpoint_every 100 --resume   # continue from the latest checkpoint
-    torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=2,tp=2   # DTensor: see ember.launch.sharded
+    torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=2,tp=2 --out runs/tp   # DTensor: ember.launch.sharded
 
-Every config field is a flag (`--help` lists them). Each piece is importable for your own script
-from `ember.launch` (build, sharded, checkpointing, loop, metrics_log, report).
+Every config field is a flag (`--help`); the pieces are importable from `ember.launch` for your script.
 """
 
-import itertools
 import sys
 
 from ember import data, models
 from ember.core import device_for, jit
 from ember.launch import build, checkpointing, cli, sharded
 from ember.launch.host_memory import retain_freed_host_memory
-from ember.launch.loop import evaluate, train_loop
+from ember.launch.loop import train_loop
 from ember.launch.metrics_log import MetricsWriter, read_metrics
 from ember.launch.report import report_run, save_config
+from ember.launch.run_dir import claim_run_directory
 
 
 def main(argv=None):
     parser = cli.launcher_parser()
-    parser.add_argument("--dry-run", action="store_true")
+    for flag in ("--dry-run", "--overwrite"):  # no step; replace the run already in --out
+        parser.add_argument(flag, action="store_true")
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     retain_freed_host_memory()  # a step frees and re-allocates the same buffers: keep their pages
     cfg = cli.read_config(args, overrides, description=__doc__)
@@ -35,23 +33,26 @@ def main(argv=None):
         print(models.describe(model))
         return None
     sharding = sharded.setup(args.mesh)  # None unless under torchrun or --mesh; before any device tensor
+    try:  # only rank 0 writes files: it holds the run directory
+        with claim_run_directory(cfg.out if sharded.is_main() else None, resume=args.resume, overwrite=args.overwrite):
+            return train(cfg, model, sharding, args)
+    finally:
+        sharded.teardown()
+
+
+def train(cfg, model, sharding, args):
     main_rank = sharded.is_main()  # only rank 0 writes files and prints
     tokenizer, device = build.build_tokenizer(cfg, model), device_for(cfg.backend)
     state = sharded.shard_state(build.initial_state(cfg, model, device), sharding, model)
     step = sharded.sharded(jit(build.step_fn(cfg, model), backend=cfg.backend, donate="state"), sharding, returns_state=True)
     eval_one = sharded.sharded(jit(build.eval_fn(cfg, model), backend=cfg.backend), sharding, returns_state=False)
+    eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device)
     ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)
     batches = data.build_batches(cfg.data, tokenizer=tokenizer, device=device)
-    start = int(state.step)
     state = checkpointing.maybe_resume(ckpt, state, batches, cfg=cfg, resume=args.resume, model_info=info,
                                        sharding=sharding, axes=model.axes, log=print if main_rank else (lambda _: None))
-    resumed = int(state.step) != start
-
-    def eval_fn(state):
-        eval_batches = data.build_batches(cfg.data, tokenizer=tokenizer, split="eval", device=device)
-        return evaluate(eval_one, state.params, itertools.islice(eval_batches, cfg.eval_batches))
-
-    writer = MetricsWriter(cfg.out if main_rank else None, append=resumed)
+    resumed = int(state.step) > 0  # then metrics.jsonl keeps its rows up to the restored step
+    writer = MetricsWriter(cfg.out if main_rank else None, append=resumed, up_to_step=int(state.step) if resumed else None)
     hooks = dict(cfg=cfg, writer=writer, model_info=info, sharding=sharding)
     try:
         if main_rank:
@@ -68,7 +69,6 @@ def main(argv=None):
         writer.close()
         if ckpt is not None:
             ckpt.close()
-        sharded.teardown()
     if main_rank:  # a resumed run reports the whole run's log
         report_run(cfg, read_metrics(cfg.out) if resumed else writer.history, model=model, params=params,
                    tokenizer=tokenizer, device=device)

@@ -41,3 +41,12 @@ def test_fresh_run_truncates_and_resume_appends(tmp_out):
     with MetricsWriter(tmp_out, tensorboard=False, append=True) as w:
         w.write(2, {"loss": 3.0})
     assert [r["loss"] for r in read_metrics(tmp_out)] == [2.0, 3.0]
+
+
+def test_a_resumed_writer_keeps_rows_up_to_the_restored_step(tmp_out):
+    with MetricsWriter(tmp_out, tensorboard=False) as w:
+        for step in (1, 2, 3, 4):
+            w.write(step, {"loss": float(step)})
+    with MetricsWriter(tmp_out, tensorboard=False, append=True, up_to_step=2) as w:
+        w.write(3, {"loss": 30.0})
+    assert [(r["step"], r["loss"]) for r in read_metrics(tmp_out)] == [(1, 1.0), (2, 2.0), (3, 30.0)]

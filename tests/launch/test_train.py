@@ -118,10 +118,11 @@ def test_resume_after_a_crash_repeats_the_lost_steps_bit_for_bit(tmp_path, capsy
     train.main([*argv, "--resume"])
     assert "resumed from step 3" in capsys.readouterr().out
     rows = [r for r in read_metrics(out) if "loss" in r]
-    resumed = {r["step"]: r["loss"] for r in rows[6:]}
-    assert sorted(resumed) == [4, 5, 6]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # the rows after step 3 were replaced, not repeated
+    resumed = {r["step"]: r["loss"] for r in rows[3:]}
     assert all(resumed[s] == straight[s] for s in resumed), (resumed, straight)  # bit for bit
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
-    with pytest.raises(ValueError, match=r"already holds checkpoints \[3, 6\] from an earlier run; pass --resume"):
-        train.main(argv)  # a fresh run into the same --out would mix two runs' checkpoints
+    with pytest.raises(ValueError, match=r"already holds a run \(checkpoints, config.json, .*\); pass --resume to "
+                                         r"continue it, --overwrite to replace it"):
+        train.main(argv)  # a fresh run into the same --out would mix two runs' files
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
