@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 
+
 def parse_args(argv):
     """Split the benchmark's own flags from the config overrides (passed to `parse_cli`)."""
     p = argparse.ArgumentParser(description="Benchmark ember's training step.")

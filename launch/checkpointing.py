@@ -22,8 +22,10 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from ember.core.checkpoint import CheckpointManager, model_info
 from ember.core.dataclass_json import to_dict
 
-__all__ = ["build_manager", "checkpoint_dir", "checkpoint_hook", "finish", "maybe_resume", "model_info_for",
+__all__ = ["CHECKPOINTS_DIR", "build_manager", "checkpoint_dir", "checkpoint_hook", "finish", "maybe_resume", "model_info_for",
            "save_if_due"]
+
+CHECKPOINTS_DIR = "checkpoints"  # under the run directory
 
 _IGNORED_ON_RESUME = {"steps", "out", "log_every", "eval_every", "eval_batches", "sample_tokens", "sample_prompt",
                       "backend", "num_workers", "resume", "checkpoint_every", "keep", "keep_best"}
@@ -33,7 +35,7 @@ def checkpoint_dir(cfg: Any) -> Optional[str]:
     """`OUT/checkpoints`, or None when the run has no `out` or checkpointing is off."""
     if cfg.out is None or cfg.checkpoint_every < 0:
         return None
-    return os.path.join(cfg.out, "checkpoints")
+    return os.path.join(cfg.out, CHECKPOINTS_DIR)
 
 
 def _keep_best(spec: Optional[str]) -> Optional[Tuple[str, str]]:

@@ -24,7 +24,7 @@ from ember.launch.run_config import TrainConfig, parse_cli
 __all__ = ["USER_ERRORS", "launcher_parser", "read_config", "run_main"]
 
 # What a mistake in a flag, a file or a checkpoint raises; anything else is a bug and keeps its traceback.
-USER_ERRORS = (ValueError, TypeError, KeyError, LookupError, OSError, NotImplementedError)
+USER_ERRORS = (ValueError, TypeError, LookupError, OSError, NotImplementedError)  # LookupError: KeyError too
 
 
 def launcher_parser() -> argparse.ArgumentParser:

@@ -9,17 +9,21 @@ from typing import Any, Dict, List
 import torch
 
 from ember.core import random
+from ember.core.dataclass_json import to_dict
 from ember.core.step_fns import generate
 from ember.launch.metrics_log import plot_losses
-from ember.launch.run_config import TrainConfig, to_dict
+from ember.launch.run_config import TrainConfig
 
-__all__ = ["report_run", "save_config"]
+__all__ = ["CONFIG_FILE", "PLOT_FILE", "report_run", "save_config"]
+
+CONFIG_FILE = "config.json"
+PLOT_FILE = "loss.png"
 
 
 def save_config(cfg: TrainConfig) -> None:
     """Write the run config to `OUT/config.json` (nothing without `cfg.out`)."""
     if cfg.out:
-        with open(os.path.join(cfg.out, "config.json"), "w") as f:
+        with open(os.path.join(cfg.out, CONFIG_FILE), "w") as f:
             json.dump(to_dict(cfg), f, indent=2)
 
 
@@ -27,7 +31,7 @@ def report_run(cfg: TrainConfig, history: List[Dict[str, float]], *, model: Any,
                device: Any) -> None:
     """Plot `history` to `OUT/loss.png`, print the first and last eval loss, then a sample of the model."""
     if cfg.out:
-        plot_losses(history, os.path.join(cfg.out, "loss.png"))
+        plot_losses(history, os.path.join(cfg.out, PLOT_FILE))
     evals = [(r["step"], r["eval_loss"]) for r in history if "eval_loss" in r]
     (s0, e0), (_, e1) = evals[0], evals[-1]
     print(f"eval loss: {e0:.4f} at step {s0} -> {e1:.4f} at step {cfg.steps} ({100 * (1 - e1 / e0):.1f}% lower)")

@@ -18,10 +18,14 @@ import shutil
 import socket
 from typing import Iterator, List, Optional
 
+from ember.launch.checkpointing import CHECKPOINTS_DIR
+from ember.launch.metrics_log import METRICS_FILE
+from ember.launch.report import CONFIG_FILE, PLOT_FILE
+
 __all__ = ["LOCK_FILE", "RUN_FILES", "RunDirectoryError", "claim_run_directory", "run_files"]
 
 LOCK_FILE = ".ember.lock"
-RUN_FILES = ("metrics.jsonl", "config.json", "loss.png", "checkpoints")  # and TensorBoard events
+RUN_FILES = (METRICS_FILE, CONFIG_FILE, PLOT_FILE, CHECKPOINTS_DIR)  # and TensorBoard events
 
 
 class RunDirectoryError(ValueError):
