@@ -11,8 +11,9 @@ This module validates arguments and delegates; each backend lives in `core/jit_b
       (`.item()`, `if loss > 0`) fails at trace time. Deterministic by default (see
       `jit_backends/inductor.py`); `tracer` picks `make_fx` tracing (default) or Dynamo.
     - `"xla"`: arguments on `torch_xla.device()`; one graph cut per call, compiled once per
-      signature. Start the XLA runtime (`torch_xla.device()`) before the process runs any backward
-      pass, even on CPU: autograd sizes its per-device queues on first use.
+      signature. Backward passes on XLA work whatever ran before the runtime started (a CPU
+      backward sizes autograd's device queues for 0 XLA devices; the step then runs its backward
+      on the calling thread, see `ember.core.xla.autograd_guard`).
 
 Donation (`donate="state"`): the first positional argument (a pytree of tensors, usually a
 `TrainState`) is donated. `fn` must return a tuple or list whose first element is the new state,

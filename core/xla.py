@@ -1,13 +1,21 @@
-"""torch_xla helpers: virtual CPU devices, graph cutting, compile counting.
+"""torch_xla helpers: virtual CPU devices, runtime start, graph cutting, compile counting.
 
-Public names: `xla_cpu_devices`, `require_torch_xla`, `is_runtime_initialized`, `compile_count`,
-`sync`.
+Public names: `xla_cpu_devices`, `require_torch_xla`, `is_runtime_initialized`, `start_runtime`,
+`autograd_guard`, `compile_count`, `sync`.
 
 torch_xla is imported lazily, inside the functions that need it, so `import ember` works without
 it. On CPU, torch_xla emulates `N` devices with `PJRT_DEVICE=CPU CPU_NUM_DEVICES=N`; both are read
 once, when the runtime starts (the first `torch_xla.device()` or XLA tensor), and cannot change
 afterwards in the same process. Tests that need different device counts therefore run torch_xla
 in subprocesses.
+
+Backward order (pytorch/xla#4174, open; measured on torch 2.9 / torch_xla 2.9): autograd sizes its
+per-device worker queues once, at the first backward pass of the process. A backward that ran
+before the runtime started (a CPU reference, an earlier test) sizes them for 0 XLA devices, and
+every later backward on XLA failed with `INTERNAL ASSERT FAILED ... device_ready_queues_`.
+`start_runtime` probes this once per device and `autograd_guard` then runs XLA backward passes
+on the calling thread (the public `torch.autograd.set_multithreading_enabled(False)`), which
+works; `jit(backend="xla")` and `run_on_backends` do both, so the order no longer matters.
 
 Example (a script that wants 4 virtual devices; skipped as a doctest because it sets env vars):
     >>> from ember.core import xla
@@ -19,15 +27,20 @@ Example (a script that wants 4 virtual devices; skipped as a doctest because it 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, ContextManager, Dict, Optional, Sequence
+
+import torch
 
 from .compat import torch_xla as torch_xla_internals
 
 __all__ = [
+    "autograd_guard",
     "compile_count",
     "is_runtime_initialized",
     "require_torch_xla",
+    "start_runtime",
     "sync",
     "xla_cpu_devices",
 ]
@@ -74,6 +87,67 @@ def is_runtime_initialized() -> bool:
     Never imports torch_xla: if it was not imported, the runtime cannot have started.
     """
     return torch_xla_internals.runtime_is_initialized()
+
+
+# Device index -> whether autograd's worker queues cover it (fixed for the process once measured).
+_autograd_covers: Dict[int, bool] = {}
+
+
+def start_runtime(what: str = "backend='xla'") -> Any:
+    """Start the torch_xla runtime (if needed) and make backward passes on its device work.
+
+    Safe in any order: if a backward pass already ran before the runtime started, later XLA
+    backward passes run under `autograd_guard` instead of failing (see the module docstring).
+
+    Args:
+        what: the feature that needs torch_xla, named in the error message if it is missing.
+
+    Returns:
+        `torch_xla.device()`.
+
+    Raises:
+        ImportError: torch_xla is not installed.
+    """
+    device = require_torch_xla(what).device()
+    _autograd_probe(device)
+    return device
+
+
+def _autograd_probe(device: torch.device) -> bool:
+    """Whether backward on `device` needs no guard; measured once per device index.
+
+    The probe is a one-element lazy graph that is never compiled or run. If it is the process's
+    first backward, it sizes autograd's queues for the XLA devices (the plain fix). A probe that
+    fails with worker threads and on the calling thread alike is not this trap: no guard, and the
+    step's own backward reports the error.
+    """
+    index = device.index or 0
+    if index not in _autograd_covers:
+        _autograd_covers[index] = _backward_works(device) or not _backward_works(device, threads=False)
+    return _autograd_covers[index]
+
+
+def _backward_works(device: torch.device, threads: bool = True) -> bool:
+    try:  # grad on whatever the caller's mode: the probe measures the engine, not the context
+        with torch.inference_mode(False), torch.enable_grad(), \
+                torch.autograd.set_multithreading_enabled(threads):
+            x = torch.ones((), device=device, requires_grad=True)
+            torch.autograd.grad(x * 2.0, x)
+    except RuntimeError:
+        return False
+    return True
+
+
+def autograd_guard(device: torch.device) -> ContextManager:
+    """A context in which backward passes on the XLA `device` work, whatever ran before.
+
+    A no-op when autograd's worker queues cover the device (the runtime started before the first
+    backward); otherwise backward runs on the calling thread
+    (`torch.autograd.set_multithreading_enabled(False)`), the same result without a worker thread.
+    """
+    if _autograd_probe(device):
+        return contextlib.nullcontext()
+    return torch.autograd.set_multithreading_enabled(False)
 
 
 def xla_cpu_devices(n: int) -> None:

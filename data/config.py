@@ -23,7 +23,7 @@ from .bpe import train_bpe
 from .collate import Collator, get_collator
 from .iterator import PipelineIterator
 from .pipeline import make_pipeline
-from .sources import load_source
+from .sources import check_source_kind, load_source
 from .tokenizers import ByteTokenizer, Tokenizer
 
 __all__ = ["DataConfig", "TorchBatches", "build_batches", "build_tokenizer"]
@@ -70,6 +70,7 @@ def _source(cfg: DataConfig, split: Split) -> Any:
             f"data.source={cfg.source!r} needs data.path (a file, directory or glob); "
             f"got none. Pass --data.path PATH, or use --data.source stdlib."
         )
+    check_source_kind(cfg.source, cfg.path)
     return load_source(cfg.path, split=split, max_bytes=cfg.max_bytes)
 
 

@@ -23,10 +23,30 @@ from .stdlib_corpus import stdlib_corpus
 from .text_files import text_files
 from .token_bin import BinDtype, load_token_bin
 
-__all__ = ["load_source"]
+__all__ = ["check_source_kind", "load_source", "source_kind"]
 
 # Files `save_to_disk` writes: a Dataset has state.json + dataset_info.json, a DatasetDict has dataset_dict.json.
 _HF_MARKERS = ("dataset_dict.json", "state.json")
+
+
+def source_kind(path: str | os.PathLike) -> str:
+    """What `load_source` reads `path` as: "bin" (a `.bin` token file), "hf" (a `save_to_disk`
+    directory) or "text" (a text file, directory or glob)."""
+    p = Path(path)
+    if p.suffix == ".bin" and not p.is_dir():
+        return "bin"
+    if p.is_dir() and any((p / m).is_file() for m in _HF_MARKERS):
+        return "hf"
+    return "text"
+
+
+def check_source_kind(source: str, path: str | os.PathLike) -> None:
+    """Raise ValueError when `path` is not what `source` ("text", "bin", "hf") says, naming the right one."""
+    kind = source_kind(path)
+    if kind != source:
+        what = {"bin": "a .bin token file", "hf": "a Hugging Face dataset saved to disk", "text": "text"}
+        raise ValueError(f"data.source={source!r} but data.path={os.fspath(path)!r} is {what[kind]} (the file name "
+                         f"decides: .bin means tokens); pass --data.source {kind}, or a path of {what[source]}.")
 
 
 def load_source(
@@ -55,6 +75,7 @@ def load_source(
 
     Raises:
         FileNotFoundError: if the path does not exist (the message lists what `spec` may be).
+        ValueError: text files that are empty or binary.
 
     Example:
         >>> docs = load_source("stdlib", max_bytes=10_000)
@@ -70,7 +91,9 @@ def load_source(
     if p.is_dir() and any((p / m).is_file() for m in _HF_MARKERS):
         return hf_text_from_disk(p, split=None if (p / "state.json").is_file() else split, field=field)
     if p.exists() or _glob.has_magic(s):
-        return text_files(p, pattern=pattern)
+        docs = text_files(p, pattern=pattern)
+        docs.check_text()
+        return docs
     raise FileNotFoundError(
         f"data source {s!r} does not exist; expected 'stdlib', a .bin token file, a directory written "
         f"by datasets' save_to_disk, or a text file / directory / glob."

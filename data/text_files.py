@@ -64,6 +64,20 @@ class TextFiles(Sequence[str]):
         """Returns the summed size of all files in bytes (from the file system, nothing read)."""
         return sum(p.stat().st_size for p in self.paths)
 
+    def check_text(self, sniff_bytes: int = 8192) -> None:
+        """Raise ValueError if the files hold no bytes at all, or one looks binary (a NUL byte in its
+        first `sniff_bytes`): training on either would silently learn nothing useful."""
+        if self.paths and self.total_bytes() == 0:
+            where = self.paths[0] if len(self.paths) == 1 else f"{self.root} ({len(self.paths)} files)"
+            raise ValueError(f"the corpus {where} is empty (0 bytes); point --data.path at text files with content.")
+        for path in self.paths:
+            with open(path, "rb") as f:
+                if b"\0" in f.read(sniff_bytes):
+                    raise ValueError(
+                        f"{path} is not text (it has NUL bytes in its first {sniff_bytes} bytes); for a token file "
+                        f"written by numpy use --data.source bin with a .bin name, else point --data.path at text."
+                    )
+
 
 def _relative_name(path: Path, root: Path) -> str:
     try:

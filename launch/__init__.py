@@ -3,8 +3,9 @@
 Public names: `TrainConfig`, `register_config`, `get_config`, `list_configs`, `parse_cli`,
 `to_dict`, `train_loop`, `evaluate`, `MetricsWriter`, `read_metrics`, `plot_losses`,
 `retain_freed_host_memory`, and the modules `build` (model, tokenizer, state and steps of a run
-config), `checkpointing`, `sharded`, `cli`, `presets` (the built-in run configs), `report`, and
-the package `benchmark` (what `bench.py` measures).
+config), `checkpointing`, `sharded`, `cli`, `presets` (the built-in run configs), `report`,
+`run_dir` (one process per `--out`), `interrupt` (Ctrl-C / SIGTERM end a run after its step),
+`spmd_run` (the torch_xla run of `tpu_pod.py`), and the package `benchmark` (what `bench.py` measures).
 
 The entry points are scripts in this folder: `train.py`, `tpu_pod.py`, `bench.py`, `ckpt.py`,
 `bench_ckpt.py`. Every piece they use is importable here, for a user's own training script.

@@ -1,6 +1,7 @@
 """Checkpoint wiring of a run (`launch/train.py`, `tpu_pod.py`): build the manager, resume, save on schedule.
 
     ckpt = build_manager(cfg)                                    # OUT/checkpoints, or None without --out
+    set_aside_steps_after(cfg, 200, main=True)                   # --resume_step 200: later steps moved aside
     state = maybe_resume(ckpt, state, batches, cfg=cfg, resume=True, model_info=info)
     state = train_loop(..., on_step_end=checkpoint_hook(ckpt, batches, cfg=cfg, writer=writer, model_info=info))
     finish(ckpt, state, batches, cfg=cfg, writer=writer, model_info=info)   # last step, wait, close
@@ -17,13 +18,14 @@ Run-config fields read (`TrainConfig`):
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+import re
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ember.core.checkpoint import CheckpointManager, model_info
+from ember.core.checkpoint import CheckpointError, CheckpointManager, model_info
 from ember.core.dataclass_json import to_dict
 
-__all__ = ["CHECKPOINTS_DIR", "build_manager", "checkpoint_dir", "checkpoint_hook", "finish", "maybe_resume", "model_info_for",
-           "save_if_due"]
+__all__ = ["CHECKPOINTS_DIR", "build_manager", "check_keep_best", "checkpoint_dir", "checkpoint_hook", "finish",
+           "maybe_resume", "model_info_for", "save_if_due", "set_aside_steps_after"]
 
 CHECKPOINTS_DIR = "checkpoints"  # under the run directory
 
@@ -55,6 +57,48 @@ def build_manager(cfg: Any, *, async_save: bool = True) -> Optional[CheckpointMa
                              keep_best=_keep_best(cfg.keep_best), async_save=async_save)
 
 
+def check_keep_best(cfg: Any, eval_metrics: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`eval_metrics` (a first evaluation's, unprefixed), after checking that `cfg.keep_best` names one of them."""
+    keep = _keep_best(cfg.keep_best)
+    names = sorted(f"eval_{k}" for k in eval_metrics)
+    if keep is not None and keep[0] not in names:
+        raise ValueError(f"keep_best={cfg.keep_best!r} names no metric this run evaluates; the evaluation "
+                         f"reports {', '.join(names)}: pass e.g. --keep_best {names[0]} (lower is better) "
+                         f"or --keep_best {names[0]}:max.")
+    return eval_metrics
+
+
+def _saved_steps(directory: str) -> List[int]:
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if re.fullmatch(r"0|[1-9]\d*", n))
+
+
+def set_aside_steps_after(cfg: Any, step: int, *, main: bool, log: Callable[[str], None] = print) -> None:
+    """Check that checkpoint `step` exists, and move newer steps to `OUT/checkpoints-after-<step>` (kept,
+    not deleted) so a run resumed from `step` can save those step numbers again. Only `main` moves;
+    under torchrun every rank calls it (it waits for the move)."""
+    directory = checkpoint_dir(cfg)
+    steps = _saved_steps(directory) if directory else []
+    if step not in steps:
+        raise ValueError(f"--resume_step {step}: no checkpoint for step {step} in {directory}; saved steps: "
+                         f"{', '.join(map(str, steps)) or 'none'} (`launch/ckpt.py list {cfg.out}` shows which are intact).")
+    later = [s for s in steps if s > step]
+    if main and later:
+        aside = os.path.join(cfg.out, f"{CHECKPOINTS_DIR}-after-{step}")
+        suffix = 1
+        while os.path.exists(aside):
+            aside, suffix = os.path.join(cfg.out, f"{CHECKPOINTS_DIR}-after-{step}.{suffix}"), suffix + 1
+        os.makedirs(aside)
+        for s in later:
+            os.rename(os.path.join(directory, str(s)), os.path.join(aside, str(s)))
+        log(f"resume_step {step}: moved the later checkpoints {later} to {aside} (nothing deleted)")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def model_info_for(cfg: Any, *, arch: Optional[str] = None) -> Dict[str, Any]:
     """`model_info(cfg.family, cfg.model, arch=arch)`; `arch` is the run config's name (`--config`)."""
     return model_info(cfg.family, cfg.model, arch=arch)
@@ -82,6 +126,7 @@ def maybe_resume(
     *,
     cfg: Any,
     resume: bool,
+    step: Optional[int] = None,
     model_info: Optional[Mapping[str, Any]] = None,
     sharding: Any = None,
     axes: Any = None,
@@ -95,6 +140,8 @@ def maybe_resume(
         batches: the train batch iterator (`TorchBatches`); its position is restored.
         cfg: the run config (config changes since the checkpoint are logged, not refused).
         resume: `--resume`: continue from the latest checkpoint if there is one.
+        step: `--resume_step N`: continue from step N instead (implies `resume`; call
+            `set_aside_steps_after` first so the later steps can be saved again).
         model_info: the current model's `model_info(...)`, to name differences on a mismatch.
         sharding: place the restored state with this `Sharding` (and `axes=model.axes`).
         log: where the one-line messages go.
@@ -104,6 +151,7 @@ def maybe_resume(
             without `resume` (a fresh run would mix two runs' checkpoints).
         CheckpointError: the checkpoint does not fit the model (names the differing leaves).
     """
+    resume = resume or step is not None
     if not resume:
         if manager is not None and manager.all_steps():
             raise ValueError(
@@ -112,12 +160,20 @@ def maybe_resume(
             )
         return state
     if manager is None:
-        raise ValueError("--resume needs a run directory with checkpoints: pass --out DIR (and keep "
-                         "checkpoint_every >= 0), the same DIR as the run being resumed.")
+        raise ValueError(f"--resume needs checkpoints, but this run has none (out={cfg.out!r}, checkpoint_every="
+                         f"{cfg.checkpoint_every}): pass the run's --out DIR and --checkpoint_every N (>= 0) as the "
+                         f"run being resumed did.")
     if manager.latest_step() is None:
         log(f"resume: no checkpoint in {manager.directory} yet; starting from step 0.")
         return state
-    state, data_state, meta = manager.restore(like=state, model_info=model_info, sharding=sharding, axes=axes)
+    try:
+        state, data_state, meta = manager.restore(step, like=state, model_info=model_info, sharding=sharding, axes=axes)
+    except CheckpointError as error:
+        earlier = [s for s in manager.all_steps() if s < (step if step is not None else manager.latest_step())]
+        if not earlier:
+            raise
+        raise CheckpointError(f"{error} From the launcher: pass --resume_step {earlier[-1]} (an earlier step; "
+                              f"`launch/ckpt.py list {cfg.out}` shows which are intact).") from error
     if data_state is not None:
         batches.set_state(data_state)
     changes = _config_changes(meta.config, to_dict(cfg))

@@ -6,9 +6,10 @@
     if __name__ == "__main__":
         sys.exit(run_main(main))   # errors as one `error: ...` line, exit 2
 
-`--config NAME` picks a registered run config, `--import PKG` (repeatable) imports a user's package
-first so its families, archs, configs and collators register, `--mesh` names the mesh and
-`--resume` continues from the latest checkpoint under `--out`.
+`--config NAME` picks a registered run config (`--list-configs` lists them), `--import PKG`
+(repeatable) imports a user's package first so its families, archs, configs and collators register,
+`--mesh` names the mesh, `--resume` continues from the latest checkpoint under `--out` and
+`--resume_step N` from step N. `--help` shows these, the run config's flags and the configs.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from ember.launch.run_config import TrainConfig, parse_cli
+from ember.launch.interrupt import RunInterrupted
+from ember.launch.run_config import TrainConfig, describe_configs, parse_cli
 
 __all__ = ["USER_ERRORS", "launcher_parser", "read_config", "run_main"]
 
@@ -28,19 +30,40 @@ USER_ERRORS = (ValueError, TypeError, LookupError, OSError, NotImplementedError)
 
 
 def launcher_parser() -> argparse.ArgumentParser:
-    """The flags every launcher shares; a launcher adds its own with `add_argument`."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--config", default="llama3_tiny")
-    p.add_argument("--import", dest="imports", action="append", default=[])
-    p.add_argument("--mesh", default=None)
-    p.add_argument("--resume", action="store_true")
+    """The flags every launcher shares; a launcher adds its own with `add_argument(..., help=...)`."""
+    p = argparse.ArgumentParser(add_help=False, usage=argparse.SUPPRESS)
+    p.add_argument("--config", default="llama3_tiny", metavar="NAME", help="registered run config (default: llama3_tiny)")
+    p.add_argument("--list-configs", action="store_true", help="list the registered run configs and exit")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="PKG",
+                   help="import PKG first: it registers its own families, configs, collators (repeatable)")
+    p.add_argument("--mesh", default=None, metavar="AXES", help="device mesh, e.g. dp=2,tp=2 (axes dp, fsdp, tp)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under --out")
+    p.add_argument("--resume_step", "--resume-step", type=int, default=None, metavar="N",
+                   help="continue from checkpoint step N (e.g. when the latest is damaged); later steps are set aside")
     return p
 
 
-def read_config(args: argparse.Namespace, overrides: Sequence[str], *, description: str) -> TrainConfig:
-    """Import the `--import` packages, then the `--config` run config with `overrides` applied."""
+def _configs_text() -> str:
+    return "\n".join(f"  {name:<16} {line}" for name, line in describe_configs().items())
+
+
+def read_config(args: argparse.Namespace, overrides: Sequence[str], *, description: str,
+                parser: Optional[argparse.ArgumentParser] = None) -> TrainConfig:
+    """Import the `--import` packages, then the `--config` run config with `overrides` applied.
+
+    `--list-configs` prints the registered configs and exits; `--help` shows the launcher's own flags
+    (from `parser`) and the configs above the run config's flags.
+    """
     for name in args.imports:
         importlib.import_module(name)  # registers the user's families, archs, configs, collators
+    if getattr(args, "resume_step", None) is not None:
+        args.resume = True  # --resume_step N is a resume
+    if getattr(args, "list_configs", False):
+        print(f"run configs (--config NAME):\n{_configs_text()}")
+        raise SystemExit(0)
+    if {"-h", "--help"} & set(overrides):
+        flags = (parser or launcher_parser()).format_help().strip()
+        description = f"{description}\nLauncher {flags}\n\nRun configs (--config NAME):\n{_configs_text()}\n"
     return parse_cli(args.config, overrides, description=description)
 
 
@@ -54,11 +77,17 @@ def run_main(main: Callable[[], Any]) -> int:
     printed as one `error: ...` line and returns 2.
 
     The message is ember's own (it names the value and the fix). `EMBER_DEBUG=1` re-raises with the
-    traceback. Ctrl-C prints one line and returns 130. Under torchrun only rank 0 prints.
+    traceback. A run stopped by a signal (`RunInterrupted`, after its final checkpoint) prints where it
+    stopped and returns 130 (SIGINT) or 143 (SIGTERM); a second Ctrl-C returns 130 at once. Under
+    torchrun only rank 0 prints.
     """
     quiet = os.environ.get("RANK", "0") != "0"
     try:
         result = main()
+    except RunInterrupted as stopped:
+        if not quiet:
+            print(f"{stopped}", file=sys.stderr)
+        return stopped.exit_code
     except KeyboardInterrupt:
         if not quiet:
             print("interrupted (Ctrl-C)", file=sys.stderr)

@@ -49,6 +49,12 @@ def evaluate(eval_fn: Callable[[PyTree, Batch], Metrics], params: PyTree, batche
     return {k: v / n for k, v in totals.items()}
 
 
+def _progress_bar(*, total: int, initial: int) -> Any:
+    from tqdm.auto import tqdm  # imported here: only an interactive run needs it
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+
 def train_loop(
     step: Step,
     state: PyTree,
@@ -60,6 +66,7 @@ def train_loop(
     eval_every: int = 0,
     eval_fn: Optional[Callable[[PyTree], Metrics]] = None,
     on_step_end: Optional[Callable[[int, PyTree], None]] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
     tokens_per_step: int = 0,
     progress: bool = True,
 ) -> PyTree:
@@ -75,18 +82,16 @@ def train_loop(
         eval_every: steps between calls of `eval_fn(state)` (0: only at the end, if given).
         eval_fn: `state -> metrics`, logged with the prefix `eval_`.
         on_step_end: called as `on_step_end(step_number, state)` after every step (checkpoints).
+        should_stop: polled after every step; True ends the loop there (the step is logged; no
+            eval). `GracefulStop.requested` turns Ctrl-C into this.
         tokens_per_step: tokens in one batch, for the tokens/s figure.
-        progress: show a tqdm progress bar.
+        progress: say how long the first step (the compile) took, then show a tqdm progress bar.
 
     Returns:
         The final state.
     """
     start = int(state.step)  # host sync: once, before the loop
     bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True)
     last_time, last_step = time.perf_counter(), start
     metrics: Mapping[str, Any] = {}
     for i in range(start + 1, steps + 1):
@@ -97,20 +102,29 @@ def train_loop(
                 f"the batch iterator ran out before step {i} of {steps}; make the data repeat over "
                 f"epochs or lower `steps`."
             ) from None
+        if progress and i == start + 1:
+            first_started = time.perf_counter()
+            print(f"step {i}: compiling the step...", end=" ", flush=True)
         state, metrics = step(state, batch)
-        if i % log_every == 0 or i == steps:
+        stop = should_stop is not None and should_stop()
+        if i % log_every == 0 or i == steps or stop:
             row = writer.write(i, metrics)
             now = time.perf_counter()
             tok_s = tokens_per_step * (i - last_step) / max(now - last_time, 1e-9)
             last_time, last_step = now, i
             if bar is not None:
                 bar.set_postfix(loss=f"{row.get('loss', float('nan')):.4f}", tok_s=f"{tok_s:,.0f}")
-        if eval_fn is not None and ((eval_every and i % eval_every == 0) or i == steps):
+        if eval_fn is not None and not stop and ((eval_every and i % eval_every == 0) or i == steps):
             writer.write(i, eval_fn(state), prefix="eval_")
         if on_step_end is not None:
             on_step_end(i, state)
-        if bar is not None:
+        if progress and bar is None:  # after the first step: its time was the compile, not the ETA's
+            print(f"compiled and ran in {time.perf_counter() - first_started:.1f}s", flush=True)
+            bar = _progress_bar(total=steps, initial=i)
+        elif bar is not None:
             bar.update(1)
+        if stop:
+            break
     if bar is not None:
         bar.close()
     return state

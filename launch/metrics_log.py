@@ -107,8 +107,8 @@ def read_metrics(out: str | os.PathLike) -> List[Dict[str, float]]:
     return [{k: math.nan if v is None else v for k, v in row.items()} for row in rows]
 
 
-def plot_losses(rows: List[Mapping[str, float]], path: str | os.PathLike) -> None:
-    """Write a PNG of `loss` and `eval_loss` against step."""
+def plot_losses(rows: List[Mapping[str, float]], path: str | os.PathLike, *, title: str = "") -> None:
+    """Write a PNG of `loss` and `eval_loss` against step, under `title` (the run and model)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,6 +119,7 @@ def plot_losses(rows: List[Mapping[str, float]], path: str | os.PathLike) -> Non
         pts = [(r["step"], r[name]) for r in rows if name in r]
         if pts:
             ax.plot(*zip(*pts), style, label=name)
+    ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)

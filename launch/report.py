@@ -27,15 +27,21 @@ def save_config(cfg: TrainConfig) -> None:
             json.dump(to_dict(cfg), f, indent=2)
 
 
+def plot_title(cfg: TrainConfig) -> str:
+    """`"runs/default: llama3 (4 layers, d_model 192), 300 steps"`: which run a loss plot shows."""
+    shape = ", ".join(f"{k} {getattr(cfg.model, k)}" for k in ("n_layers", "d_model") if hasattr(cfg.model, k))
+    return f"{cfg.out or 'run'}: {cfg.family}{f' ({shape})' if shape else ''}, {cfg.steps} steps"
+
+
 def report_run(cfg: TrainConfig, history: List[Dict[str, float]], *, model: Any, params: Any, tokenizer: Any,
-               device: Any) -> None:
-    """Plot `history` to `OUT/loss.png`, print the first and last eval loss, then a sample of the model."""
+               device: Any, sample: bool = True) -> None:
+    """Plot `history` to `OUT/loss.png`, print the first and last eval loss, then (if `sample`) a sample."""
     if cfg.out:
-        plot_losses(history, os.path.join(cfg.out, PLOT_FILE))
+        plot_losses(history, os.path.join(cfg.out, PLOT_FILE), title=plot_title(cfg))
     evals = [(r["step"], r["eval_loss"]) for r in history if "eval_loss" in r]
-    (s0, e0), (_, e1) = evals[0], evals[-1]
-    print(f"eval loss: {e0:.4f} at step {s0} -> {e1:.4f} at step {cfg.steps} ({100 * (1 - e1 / e0):.1f}% lower)")
-    if cfg.sample_tokens:
+    (s0, e0), (s1, e1) = evals[0], evals[-1]
+    print(f"eval loss: {e0:.4f} at step {s0} -> {e1:.4f} at step {s1} ({100 * (1 - e1 / e0):.1f}% lower)")
+    if sample and cfg.sample_tokens:
         prompt = torch.tensor([tokenizer.encode(cfg.sample_prompt).tolist()], device=device)
         out = generate(model.apply, params, prompt, max_new_tokens=cfg.sample_tokens, key=random.key(cfg.seed),
                        temperature=0.8, top_k=40, max_seq_len=cfg.data.seq_len)

@@ -23,9 +23,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
 import importlib
-from typing import Any, Callable, List, Literal, Optional, Sequence
+import typing
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Set
 
 from ember.core.config_checks import check_fields, non_negative_int, positive_int
 from ember.core.dataclass_json import to_dict
@@ -35,6 +38,7 @@ from ember.optim.config import OptimConfig
 
 __all__ = [
     "TrainConfig",
+    "describe_configs",
     "get_config",
     "list_configs",
     "parse_cli",
@@ -88,6 +92,23 @@ class TrainConfig:
         check_fields(self, steps=positive_int, microbatches=positive_int, seed=non_negative_int,
                      log_every=positive_int, eval_every=non_negative_int, eval_batches=positive_int,
                      sample_tokens=non_negative_int, keep=non_negative_int)
+        if self.keep_best:
+            self._check_keep_best()
+
+    def _check_keep_best(self) -> None:
+        name, _, mode = self.keep_best.partition(":")
+        if mode not in ("", "min", "max"):
+            raise ValueError(f"keep_best={self.keep_best!r}: the mode after ':' must be min or max; e.g. "
+                             f"--keep_best {name} (lower is better) or --keep_best {name}:max.")
+        if self.out is None or self.checkpoint_every < 0:
+            raise ValueError(f"keep_best={self.keep_best!r} keeps a checkpoint, but checkpoints are off (out="
+                             f"{self.out!r}, checkpoint_every={self.checkpoint_every}); pass --out DIR --checkpoint_every N.")
+        if self.checkpoint_every > 0 and (self.eval_every == 0 or self.checkpoint_every % self.eval_every):
+            every = self.eval_every or self.checkpoint_every
+            raise ValueError(f"keep_best={self.keep_best!r} ranks checkpoints by an evaluation, but checkpoint_every="
+                             f"{self.checkpoint_every} saves steps that eval_every={self.eval_every} does not evaluate; "
+                             f"pass --checkpoint_every {every * max(1, self.checkpoint_every // every)} (a multiple of "
+                             f"eval_every) or --eval_every {self.checkpoint_every}.")
 
 
 _CONFIGS: Registry[Callable[[], TrainConfig]] = Registry(
@@ -119,6 +140,96 @@ def list_configs() -> List[str]:
     return _CONFIGS.names()
 
 
+def describe_configs() -> Dict[str, str]:
+    """`{name: the first line of its function's docstring}` for every registered config."""
+    return {name: ((_CONFIGS.get(name).__doc__ or "").strip().splitlines() or [""])[0] for name in list_configs()}
+
+
+def _config_classes(cls: type) -> Set[type]:
+    """`cls` and every dataclass type its fields hold (nested, also inside Optional)."""
+    found = {cls}
+    for hint in typing.get_type_hints(cls).values():
+        for t in (hint, *typing.get_args(hint)):
+            if isinstance(t, type) and dataclasses.is_dataclass(t) and t not in found:
+                found |= _config_classes(t)
+    return found
+
+
+def _field_paths(cls: type, prefix: str = "") -> Set[str]:
+    """Dotted names of every field of dataclass `cls`, nested dataclasses (also inside Optional) included."""
+    hints = typing.get_type_hints(cls)
+    paths: Set[str] = set()
+    for f in dataclasses.fields(cls):
+        hint = hints.get(f.name)
+        paths.add(prefix + f.name)
+        for t in (hint, *typing.get_args(hint)):
+            if isinstance(t, type) and dataclasses.is_dataclass(t):
+                paths |= _field_paths(t, f"{prefix}{f.name}.")
+    return paths
+
+
+def _is_subsequence(short: str, long: str) -> bool:
+    chars = iter(long)
+    return all(c in chars for c in short)
+
+
+def _closest_flags(name: str, paths: Set[str]) -> List[str]:
+    """Fields near `name`: a close spelling, or an abbreviation (`lrr` of `learning_rate`) in the same group."""
+    head, _, last = name.rpartition(".")
+    leaves = sorted(p for p in paths if not any(q.startswith(p + ".") for q in paths))
+    siblings = {p.rpartition(".")[2]: p for p in leaves if p.rpartition(".")[0] == head}
+    close = difflib.get_close_matches(last, list(siblings), n=3, cutoff=0.6)
+    close += [n for n in siblings if n not in close and _is_subsequence(last, n)][: 3 - len(close)]
+    return [siblings[n] for n in close] or difflib.get_close_matches(name, leaves, n=3, cutoff=0.6)
+
+
+def check_flags(cls: type, args: Sequence[str]) -> None:
+    """Raise ValueError naming the closest valid flags for each `--flag` in `args` that `cls` lacks."""
+    paths = _field_paths(cls)
+    for arg in args:
+        if not arg.startswith("--") or arg == "--help":
+            continue
+        name = arg[2:].split("=", 1)[0].replace("-", "_")
+        head, _, last = name.rpartition(".")
+        negated = f"{head}.{last[3:]}" if head else last[3:]  # tyro's --no-<bool>
+        if name in paths or (last.startswith("no_") and negated in paths):
+            continue
+        close = _closest_flags(name, paths)
+        hint = f"did you mean {' or '.join('--' + c for c in close)}? " if close else ""
+        raise ValueError(f"unknown flag {arg.split('=', 1)[0]}; {hint}`--help` lists every flag "
+                         f"(`--list-configs` the run configs).")
+
+
+class _Rejected(Exception):
+    """A config's own check failed while tyro parsed: carried past tyro (which boxes ValueErrors)."""
+
+
+@contextlib.contextmanager
+def _checks_raise_past_tyro(classes: Set[type]) -> Iterator[None]:
+    """While tyro builds the configs, their `__post_init__` ValueErrors reach the caller as they are, so
+    the launcher prints ember's message as one `error:` line (tyro would box it). Restored after."""
+    saved = {cls: cls.__dict__.get("__post_init__") for cls in classes if hasattr(cls, "__post_init__")}
+
+    def escaping(check: Callable) -> Callable:
+        def __post_init__(self: Any) -> None:
+            try:
+                check(self)
+            except ValueError as error:
+                raise _Rejected(error) from None
+        return __post_init__
+
+    for cls in saved:
+        cls.__post_init__ = escaping(cls.__post_init__)
+    try:
+        yield
+    finally:
+        for cls, own in saved.items():
+            if own is None:
+                del cls.__post_init__
+            else:
+                cls.__post_init__ = own
+
+
 def _concrete_type(cfg: TrainConfig) -> type:
     """A subclass of type(cfg) whose `model` field is annotated with the model config's own type,
     so tyro offers `--model.<field>` flags for whichever family the config uses."""
@@ -135,11 +246,17 @@ def _concrete_type(cfg: TrainConfig) -> type:
 def parse_cli(name: str, args: Sequence[str], *, description: Optional[str] = None) -> TrainConfig:
     """Config `name` with dotted command-line overrides applied (`--model.n_layers 4 --steps 10`).
 
-    A misspelt flag exits with tyro's message listing the closest valid flags.
+    Raises:
+        ValueError: a flag that is no field (names the closest ones); a value out of range.
     """
     import tyro  # imported here: only command lines need it
 
     base = get_config(name)
     concrete = _concrete_type(base)
+    check_flags(concrete, args)
     default = concrete(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
-    return tyro.cli(concrete, default=default, args=list(args), description=description)
+    try:
+        with _checks_raise_past_tyro(_config_classes(concrete)):
+            return tyro.cli(concrete, default=default, args=list(args), description=description)
+    except _Rejected as rejected:
+        raise rejected.args[0] from None

@@ -29,13 +29,13 @@ def setup(mesh_text: Optional[str]) -> Optional[Sharding]:
 
     Raises:
         MeshError: the mesh does not use exactly `WORLD_SIZE` processes (says what would fit).
-        RuntimeError: `--mesh` given without torchrun (names the torchrun command).
+        ValueError: `--mesh` given without torchrun (names the torchrun command).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if "WORLD_SIZE" not in os.environ:
         if mesh_text is None:
             return None
-        raise RuntimeError(
+        raise ValueError(
             f"--mesh {mesh_text} runs one process per device under torchrun (DTensor), but WORLD_SIZE is not set: "
             f"start it as `torchrun --nproc-per-node N launch/train.py --mesh {mesh_text} ...` with N the mesh size, "
             f"or drop --mesh for a single process (launch/tpu_pod.py runs a mesh on torch_xla)."
@@ -80,6 +80,25 @@ def sharded(fn: Callable, sharding: Optional[Sharding], *, returns_state: bool) 
         return gathered(out, sharding)
 
     return run
+
+
+def on_every_rank(flag: Callable[[], bool]) -> Callable[[], bool]:
+    """`flag` as all processes see it: True on every rank once it is True on any (a collective: call
+    the result on every process at the same point). Ranks that stop must stop at the same step, or
+    the others wait forever in the next step's collectives.
+
+    The vote is a one-element all-reduce on the CPU (over gloo), so it never waits for the GPU.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+    def agreed() -> bool:
+        vote = torch.tensor([int(flag())])
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
+        return bool(vote[0])
+
+    return agreed
 
 
 def teardown() -> None:

@@ -20,7 +20,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 from ember.launch import cli
 
@@ -47,10 +46,11 @@ def _simulate(argv, mesh_text):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     p = cli.launcher_parser()
-    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
+                   help="also train the single-device eager reference and compare losses (default: on CPU)")
     args, overrides = p.parse_known_args(argv)
-    if {"-h", "--help"} & set(overrides):  # the config's flags, from tyro (exits)
-        cli.read_config(args, ["--help"], description=__doc__ + "\nLauncher flags: --mesh, --check/--no-check.")
+    if {"-h", "--help"} & set(overrides) or args.list_configs:  # the config's flags, from tyro (exits)
+        cli.read_config(args, overrides, description=__doc__, parser=p)
     if args.mesh is None:
         p.error("--mesh is required, e.g. --mesh dp=2,tp=2 (axes dp, fsdp, tp; sizes multiply to the device count)")
     rc = _simulate(argv, args.mesh)
@@ -61,58 +61,14 @@ def main(argv=None):
     enable_spmd()  # before any XLA tensor exists
     import torch_xla.runtime as xr
 
-    from ember import data
-    from ember.core import jit
-    from ember.core.mesh import Mesh
-    from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
-    from ember.core.partition_specs.report import describe_sharding
-    from ember.launch import build, checkpointing
+    from ember.launch import spmd_run
+    from ember.launch.interrupt import GracefulStop
+    from ember.launch.run_dir import claim_run_directory
 
-    cfg = cli.read_config(args, overrides, description=__doc__)
-    check = args.check if args.check is not None else os.environ.get("PJRT_DEVICE", "").upper() == "CPU"
+    cfg = cli.read_config(args, overrides, description=__doc__, parser=p)
     say = print if xr.process_index() == 0 else (lambda *a, **k: None)
-    model = build.build_model(cfg)
-    tokenizer = build.build_tokenizer(cfg, model)
-    mesh = Mesh.parse(args.mesh, devices=xr.global_runtime_device_count(), backend="xla")
-    sharding = Sharding(mesh, for_mesh(mesh.names))
-    state0 = build.initial_state(cfg, model)
-    say(f"{sharding.lowering!r}, {xr.process_count()} process(es)")
-    say(describe_sharding(state0, sharding, axes=model.axes))
-    data_iter = data.build_batches(cfg.data, tokenizer=tokenizer)
-    ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)
-    state = checkpointing.maybe_resume(ckpt, shard(state0, sharding, axes=model.axes), data_iter, cfg=cfg,
-                                        resume=args.resume, model_info=info, sharding=sharding, axes=model.axes,
-                                        log=say)
-    first = int(state.step)
-    step_fn = build.step_fn(cfg, model)
-    step = jit(step_fn, backend="xla", donate="state")
-    losses, compiles, batches = [], [], []
-    start = time.perf_counter()
-    with use_sharding(sharding):
-        for n, batch in zip(range(first + 1, cfg.steps + 1), data_iter):
-            before = step.compile_count
-            state, metrics = step(state, shard_batch(batch, sharding))
-            compiles.append(step.compile_count - before)
-            losses.append(metrics["loss"])
-            batches.append(batch)
-            checkpointing.save_if_due(ckpt, n, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
-    checkpointing.finish(ckpt, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
-    losses = [float(sharding.lowering.gather(x)) for x in losses]  # host sync, after the loop
-    say(f"trained {len(losses)} steps in {time.perf_counter() - start:.1f}s (step 1 with compiling: "
-        f"{step.compile_seconds:.1f}s)")
-    for i, (loss, c) in enumerate(zip(losses, compiles)):
-        say(f"step {first + i + 1}: loss {loss:.6f}, compiled {c}")
-    if not check or first:
-        return 0  # (a resumed run has no single-device reference from its own start)
-    reference, ref_state, ref_losses = jit(step_fn, backend="eager"), state0, []
-    for batch in batches:
-        ref_state, metrics = reference(ref_state, batch)
-        ref_losses.append(float(metrics["loss"]))
-    diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
-    say(f"check: max |loss - single-device loss| = {diff:.3g} over {len(losses)} steps; compiles per step {compiles}")
-    ok = diff < 1e-4 and compiles == [1] + [0] * (len(compiles) - 1)
-    say("check passed" if ok else "CHECK FAILED: expected a loss difference < 1e-4 and one compile, at step 1")
-    return 0 if ok else 1
+    with claim_run_directory(cfg.out if xr.process_index() == 0 else None, resume=args.resume), GracefulStop() as stop:
+        return spmd_run.train(cfg, args, say=say, stop=stop)
 
 
 if __name__ == "__main__":

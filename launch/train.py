@@ -4,9 +4,11 @@
     python launch/train.py --config gpt2_tiny --model.n_layers 2 --backend eager --steps 50 --out runs/gpt2
     python launch/train.py --dry-run                          # parameters, axes, memory; no step
     python launch/train.py --out runs/a --checkpoint_every 100 --resume   # continue from the latest checkpoint
+    python launch/train.py --out runs/a --checkpoint_every 100 --resume_step 200   # from an earlier one
     torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=2,tp=2 --out runs/tp   # DTensor: ember.launch.sharded
 
-Every config field is a flag (`--help`); the pieces are importable from `ember.launch` for your script.
+Every config field is a flag (`--help`, `--list-configs`); the pieces are importable from `ember.launch`.
+Ctrl-C (or SIGTERM) ends the run after the current step with a final checkpoint; a second Ctrl-C quits at once.
 """
 
 import sys
@@ -15,6 +17,7 @@ from ember import data, models
 from ember.core import device_for, jit
 from ember.launch import build, checkpointing, cli, sharded
 from ember.launch.host_memory import retain_freed_host_memory
+from ember.launch.interrupt import GracefulStop
 from ember.launch.loop import train_loop
 from ember.launch.metrics_log import MetricsWriter, read_metrics
 from ember.launch.report import report_run, save_config
@@ -23,11 +26,11 @@ from ember.launch.run_dir import claim_run_directory
 
 def main(argv=None):
     parser = cli.launcher_parser()
-    for flag in ("--dry-run", "--overwrite"):  # no step; replace the run already in --out
-        parser.add_argument(flag, action="store_true")
+    parser.add_argument("--dry-run", action="store_true", help="print parameters, axes and memory; train nothing")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     retain_freed_host_memory()  # a step frees and re-allocates the same buffers: keep their pages
-    cfg = cli.read_config(args, overrides, description=__doc__)
+    cfg = cli.read_config(args, overrides, description=__doc__, parser=parser)
     model = build.build_model(cfg)
     if args.dry_run:
         print(models.describe(model))
@@ -47,23 +50,31 @@ def train(cfg, model, sharding, args):
     step = sharded.sharded(jit(build.step_fn(cfg, model), backend=cfg.backend, donate="state"), sharding, returns_state=True)
     eval_one = sharded.sharded(jit(build.eval_fn(cfg, model), backend=cfg.backend), sharding, returns_state=False)
     eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device)
+    if args.resume_step is not None:  # the later steps move aside, so this run can save them again
+        checkpointing.set_aside_steps_after(cfg, args.resume_step, main=main_rank)
     ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)
     batches = data.build_batches(cfg.data, tokenizer=tokenizer, device=device)
-    state = checkpointing.maybe_resume(ckpt, state, batches, cfg=cfg, resume=args.resume, model_info=info,
-                                       sharding=sharding, axes=model.axes, log=print if main_rank else (lambda _: None))
+    state = checkpointing.maybe_resume(ckpt, state, batches, cfg=cfg, resume=args.resume, step=args.resume_step,
+                                       model_info=info, sharding=sharding, axes=model.axes,
+                                       log=print if main_rank else (lambda _: None))
     resumed = int(state.step) > 0  # then metrics.jsonl keeps its rows up to the restored step
+    # The loss before any step, for reference; keep_best must name one of its metrics (checked before any file).
+    first_eval = None if resumed else checkpointing.check_keep_best(cfg, eval_fn(state))
     writer = MetricsWriter(cfg.out if main_rank else None, append=resumed, up_to_step=int(state.step) if resumed else None)
     hooks = dict(cfg=cfg, writer=writer, model_info=info, sharding=sharding)
+    stop = GracefulStop()  # entered last: jax.distributed (multi-process checkpoints) installs its own SIGTERM handler
     try:
         if main_rank:
             save_config(cfg)
-        if not resumed:
-            writer.write(0, eval_fn(state), prefix="eval_")  # the loss before any step, for reference
-        state = train_loop(step, state, batches, steps=cfg.steps, writer=writer, log_every=cfg.log_every,
-                           eval_every=cfg.eval_every, eval_fn=eval_fn, progress=main_rank,
-                           tokens_per_step=cfg.data.batch_size * cfg.data.seq_len,
-                           on_step_end=checkpointing.checkpoint_hook(ckpt, batches, **hooks))
-        checkpointing.finish(ckpt, state, batches, **hooks)
+        if first_eval is not None:
+            writer.write(0, first_eval, prefix="eval_")
+        with stop:
+            state = train_loop(step, state, batches, steps=cfg.steps, writer=writer, log_every=cfg.log_every,
+                               eval_every=cfg.eval_every, eval_fn=eval_fn, progress=main_rank,
+                               tokens_per_step=cfg.data.batch_size * cfg.data.seq_len,
+                               on_step_end=checkpointing.checkpoint_hook(ckpt, batches, **hooks),
+                               should_stop=sharded.on_every_rank(stop.requested))
+        saved = checkpointing.finish(ckpt, state, batches, **hooks)
         params = sharded.gathered(state.params, sharding)  # whole tensors on every rank, for sampling
     finally:
         writer.close()
@@ -71,7 +82,8 @@ def train(cfg, model, sharding, args):
             ckpt.close()
     if main_rank:  # a resumed run reports the whole run's log
         report_run(cfg, read_metrics(cfg.out) if resumed else writer.history, model=model, params=params,
-                   tokenizer=tokenizer, device=device)
+                   tokenizer=tokenizer, device=device, sample=not stop.requested())
+    stop.raise_if_stopped(step=int(state.step), steps=cfg.steps, checkpoint_dir=ckpt and ckpt.directory, saved_step=saved)
     return writer.history
 
 

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints <-> ember models: folder I/O, and one adapter per family behind one API.
 
 Public names: `from_hf`, `to_hf`, `config_from_hf`, `config_to_hf`, `params_from_hf`,
-`params_to_hf`, `SUPPORTED_HF_MODELS`, `HFAdapter`, `register_hf_adapter`.
+`params_to_hf`, `SUPPORTED_HF_MODELS`, `HFAdapter`, `register_hf_adapter`, `save_safetensors`.
 
 `from_hf(path)` reads a local Hugging Face folder (`config.json` plus `model.safetensors`, or
 shards listed in `model.safetensors.index.json`) with `safetensors` alone: `transformers` is not
@@ -40,6 +40,7 @@ from torch import Tensor
 from ..core import pytree
 from ..core.transforms import stack_trees, unstack_trees
 from ..core.types import Params
+from ._safetensors import save_safetensors
 
 __all__ = [
     "HFAdapter",
@@ -50,6 +51,7 @@ __all__ = [
     "params_from_hf",
     "params_to_hf",
     "register_hf_adapter",
+    "save_safetensors",
     "to_hf",
 ]
 
@@ -374,8 +376,6 @@ def to_hf(
             f"{type(model).__name__}; for a LoRA model pass its base model and "
             f"merge_lora(params['base'], params['lora'], ...)."
         )
-    from safetensors.torch import save_file
-
     state = params_to_hf(params, model.config)
     tensors = {}
     for k, v in state.items():
@@ -388,6 +388,6 @@ def to_hf(
     hf.update(extra_config or {})
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
-    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(hf, fh, indent=2, sort_keys=True)

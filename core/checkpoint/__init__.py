@@ -5,7 +5,8 @@ Public names: `CheckpointManager`, `CheckpointMeta`, `CheckpointError`, `LeafSpe
 A checkpoint holds everything a bit-identical resume needs: params, optimizer state (with its
 hyperparameter tensors and counters), step, RNG key, the data iterator's state, the run config and
 the model's family / arch. Saves are asynchronous and atomic; restores check the template against
-the saved metadata before reading arrays and verify a CRC-32 per array. See `manager.py`.
+the saved metadata before reading arrays and verify a CRC-32 per array; `verify(step)` checks a
+step without restoring it. See `manager.py`.
 
 Example:
     >>> import tempfile, torch

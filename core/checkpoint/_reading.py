@@ -1,4 +1,5 @@
-"""The read side of `CheckpointManager`: metadata, arrays (CRC-checked), whole states, params only.
+"""The read side of `CheckpointManager`: metadata, arrays (CRC-checked), whole states, params only,
+and `verify` (is a step intact?).
 
 Private module of `ember.core.checkpoint`; `CheckpointManager` inherits `CheckpointReader`, which
 uses the manager's orbax `_manager`, `directory`, `_dist`, `_pool`, `_resolve_step` and `all_steps`.
@@ -6,7 +7,7 @@ uses the manager's orbax `_manager`, `directory`, `_dist`, `_pool`, `_resolve_st
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..pytree import tree_unflatten
 from ._arrays import checksums
@@ -19,9 +20,20 @@ from ._tree import PARAMS_ITEM, item_of, template_specs, unnest
 DATA_ITEM = "data"
 
 
+def _some(paths: Sequence[str], limit: int = 3) -> str:
+    """`"a, b, c, ..."`: the first `limit` of `paths`."""
+    return ", ".join(paths[:limit]) + (", ..." if len(paths) > limit else "")
+
+
+def _brief(error: CheckpointError) -> str:
+    """The first line of what made `error` (orbax's / tensorstore's error), cut to 120 characters."""
+    cause = error.__cause__
+    text = (f"{type(cause).__name__}: {cause}" if cause else str(error)).splitlines()[0]
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 class CheckpointReader:
     """Reading committed steps; mixed into `CheckpointManager`."""
-
 
     def read_meta(self, step: Optional[int] = None) -> CheckpointMeta:
         """The `CheckpointMeta` of `step` (default: the latest), reading no arrays."""
@@ -53,31 +65,74 @@ class CheckpointReader:
             ) from e
         return {k: restored[k] for k in args}
 
-    def _read_arrays(self, step: int, meta: CheckpointMeta, items: Sequence[str]) -> Dict[str, Any]:
+    def _read_stored(self, step: int, meta: CheckpointMeta, items: Sequence[str]) -> Dict[str, Any]:
+        """`{path: numpy array}` of every array orbax stored in `items` (raises when unreadable)."""
         stored = {item_of(leaf.path) for leaf in meta.leaves if leaf.size}  # items orbax wrote
         wanted = sorted(stored & set(items))
         metadata = self._read_items(step, dict.fromkeys(wanted), metadata=True) if wanted else {}
         args = {name: self._ocp.args.PyTreeRestore(restore_args=numpy_restore_args(metadata[name].tree))
-                for name in items if name in stored}  # numpy: a multi-process save's devices need not exist here
+                for name in wanted}  # numpy: a multi-process save's devices need not exist here
         arrays: Dict[str, Any] = {}
         for tree in (self._read_items(step, args) if args else {}).values():
             arrays.update(unnest(tree))
+        return arrays
+
+    def _damaged_leaves(self, meta: CheckpointMeta, items: Sequence[str], arrays: Dict[str, Any]) -> Tuple[List[str], List[str]]:
+        """`(missing, bad)`: leaf paths of `items` that orbax did not return, or whose CRC-32 differs."""
         want = [leaf for leaf in meta.leaves if item_of(leaf.path) in items and leaf.size]
         missing = [leaf.path for leaf in want if leaf.path not in arrays]
+        checked = [leaf for leaf in want if leaf.crc32 is not None and leaf.path in arrays]
+        got = checksums([arrays[leaf.path] for leaf in checked], pool=self._pool) if checked else []
+        return missing, [leaf.path for leaf, c in zip(checked, got) if c != leaf.crc32]
+
+    def _read_arrays(self, step: int, meta: CheckpointMeta, items: Sequence[str]) -> Dict[str, Any]:
+        arrays = self._read_stored(step, meta, items)
+        missing, bad = self._damaged_leaves(meta, items, arrays)
         if missing:
             raise CheckpointError(f"step {step} in {self.directory} lacks arrays its metadata lists: {missing[:8]}; the step is damaged.")
-        bad = []
-        if any(leaf.crc32 is not None for leaf in want):
-            got = checksums([arrays[leaf.path] for leaf in want], pool=self._pool)
-            bad = [leaf.path for leaf, c in zip(want, got) if leaf.crc32 is not None and c != leaf.crc32]
         if bad:
             raise CheckpointError(
                 f"step {step} in {step_dir(self.directory, step)} is corrupted: {len(bad)} arrays do not match "
-                f"the CRC-32 saved with them ({', '.join(bad[:8])}{', ...' if len(bad) > 8 else ''}). "
+                f"the CRC-32 saved with them ({_some(bad, 8)}). "
                 f"Nothing was changed on disk; restore an earlier step with step=N "
                 f"(saved: {', '.join(map(str, self.all_steps()))})."
             )
         return arrays
+
+    def verify(self, step: Optional[int] = None) -> List[str]:
+        """Read every item of `step` (default: the latest) and check each array against its CRC-32.
+
+        Holds one item's arrays in memory at a time (params, then the rest). Steps saved without
+        CRC-32s (`checksums=False`, several processes) are checked for readability only.
+
+        Returns:
+            What is wrong with the step, one short line per problem; empty when it is intact.
+
+        Raises:
+            CheckpointError: no such step (a damaged step is reported, never raised).
+        """
+        step = self._resolve_step(step)
+        if not (step_dir(self.directory, step) / META_ITEM).is_dir():
+            return [f"no `{META_ITEM}` item (pruned or written half-way)"]
+        try:
+            meta = self.read_meta(step)
+            if meta.has_data_state:
+                self._read_items(step, {DATA_ITEM: self._ocp.args.JsonRestore()})
+        except CheckpointError as e:
+            return [f"unreadable: {_brief(e)}"]
+        problems = []
+        for item in sorted({item_of(leaf.path) for leaf in meta.leaves}):
+            n = sum(1 for leaf in meta.leaves if item_of(leaf.path) == item and leaf.size)
+            try:
+                missing, bad = self._damaged_leaves(meta, [item], self._read_stored(step, meta, [item]))
+            except CheckpointError as e:
+                problems.append(f"`{item}` unreadable: {_brief(e)}")
+                continue
+            if missing:
+                problems.append(f"{len(missing)} of {n} arrays missing ({_some(missing)})")
+            if bad:
+                problems.append(f"CRC-32 mismatch in {len(bad)} of {n} arrays ({_some(bad)})")
+        return problems
 
     def restore(
         self,

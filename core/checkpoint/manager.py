@@ -169,11 +169,18 @@ class CheckpointManager(CheckpointReader):
         )
         self._ocp = ocp
         self._dist = Distributed() if multiprocess_world() else None  # joins jax.distributed: before orbax starts
+        # One handler per item serves both its save and restore args. Every item is registered up
+        # front: orbax warns about each saved item it has no handler for whenever it reads a step's
+        # metadata (twice per restore for `data`, which it otherwise meets only when it is read).
         registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-        for item in (PARAMS_ITEM, STATE_ITEM):  # one handler per item serves both its save and restore args
+        for item in (PARAMS_ITEM, STATE_ITEM):
             handler = ocp.PyTreeCheckpointHandler(use_compression=compress)
             registry.add(item, ocp.args.PyTreeSave, handler)
             registry.add(item, ocp.args.PyTreeRestore, handler)
+        for item in (META_ITEM, DATA_ITEM):
+            handler = ocp.JsonCheckpointHandler()
+            registry.add(item, ocp.args.JsonSave, handler)
+            registry.add(item, ocp.args.JsonRestore, handler)
         with _quiet_absl(read_only):  # orbax warns on every read-only manager that it is read-only
             self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
         # orbax removes unfinished saves in a background thread it joins at the first save; join it

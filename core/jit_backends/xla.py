@@ -10,7 +10,9 @@ graphs by hash, so the step compiles at call 1 and never again for the same shap
 - a targeted sync instead of `torch_xla.sync()`: a global sync also picks up any other live tensor
   with pending work (intermediates kept alive until the garbage collector runs), so the graph, and
   the compile count, would depend on GC timing;
-- `_own_scalar_buffers`: see its docstring.
+- `_own_scalar_buffers`: see its docstring;
+- `xla.autograd_guard`: a backward pass that ran before the runtime started (a CPU reference, an
+  earlier test) would otherwise break every backward on XLA (see `ember.core.xla`).
 `compile_count` counts graphs compiled during the step itself (torch_xla counter
 `UncachedCompile`), not the inputs' materialisation.
 """
@@ -30,12 +32,11 @@ from ..pytree import keystr, tree_flatten_with_path, tree_leaves
 __all__ = ["XlaBackend"]
 
 _MSG_AUTOGRAD_BEFORE_XLA = (
-    "jit(backend='xla'): autograd failed on the XLA device because this process ran a backward "
-    "pass (even on CPU) before the torch_xla runtime started; autograd then sized its device "
-    "queues when XLA had 0 devices. Start the runtime first: call `torch_xla.device()` (after "
-    "ember.core.xla.xla_cpu_devices(n) if you need n CPU devices) before any backward, e.g. "
-    "before computing an eager reference. Under SPMD, build the `Sharding` (XlaLowering enables "
-    "SPMD and primes autograd) before any backward instead."
+    "jit(backend='xla'): autograd failed on the XLA device because its worker queues were sized "
+    "before the torch_xla runtime started (a backward pass ran first, even on CPU), and running "
+    "the backward on the calling thread did not help either. Start the runtime first: call "
+    "`ember.core.xla.start_runtime()` (after ember.core.xla.xla_cpu_devices(n) if you need n CPU "
+    "devices) before any backward, e.g. at the top of the script or in a pytest conftest.py."
 )
 
 
@@ -91,8 +92,10 @@ class XlaBackend:
         _own_scalar_buffers(inputs, self._owned)
         xla.sync(inputs)
         before = xla.compile_count()
+        device = inputs[0].device if inputs else xla.start_runtime("jit(backend='xla')")
         try:
-            out = self._entry(*args, **kwargs)
+            with xla.autograd_guard(device):  # a backward that ran before the runtime is harmless
+                out = self._entry(*args, **kwargs)
         except RuntimeError as err:
             if "device_ready_queues_" in str(err):
                 raise RuntimeError(_MSG_AUTOGRAD_BEFORE_XLA) from err

@@ -57,7 +57,7 @@ import torch
 from ..compat import torch_xla as torch_xla_internals
 from ..compat.functorch import functorch_base
 from ..mesh import Mesh, MeshError
-from ..xla import is_runtime_initialized, require_torch_xla
+from ..xla import is_runtime_initialized, require_torch_xla, start_runtime
 from .rules import ShardingRuleError
 from .spec import PartitionSpec
 
@@ -90,15 +90,15 @@ def enable_spmd() -> None:
     """Switch torch_xla to SPMD mode (`torch_xla.runtime.use_spmd()`) and start its runtime, once.
 
     A no-op when SPMD is already on. Call it (or build the `Sharding`, which does) before
-    anything touches the XLA device. Afterwards the process may run CPU backward passes (an
-    eager reference) and XLA steps in any order.
+    anything touches the XLA device. CPU backward passes (an eager reference) and XLA steps may
+    run in any order, before or after it.
 
     Raises:
         ImportError: torch_xla is not installed.
         RuntimeError: the torch_xla runtime already started without SPMD (the first
             `torch_xla.device()` or XLA tensor); the message says to build the Sharding first.
     """
-    torch_xla = require_torch_xla("the torch_xla SPMD lowering")
+    require_torch_xla("the torch_xla SPMD lowering")
     import torch_xla.runtime as xr
 
     if xr.is_spmd():
@@ -108,13 +108,10 @@ def enable_spmd() -> None:
         first = f" ({len(live)} XLA tensor(s) alive, the first of shape {tuple(live[0].shape)})" if live else ""
         raise RuntimeError(_MSG_RUNTIME_BEFORE_SPMD.format(first=first))
     xr.use_spmd()
-    device = torch_xla.device()
-    # Autograd sizes its per-device queues once, at the first backward pass of the process. With
-    # SPMD on, a first backward on the CPU (an eager reference) sizes them for 0 XLA devices and
-    # every later XLA backward fails (torch 2.9 / torch_xla 2.9, measured); a first backward on
-    # the XLA device sizes them right. This one is traced lazily and never compiled or run.
-    x = torch.ones((), device=device, requires_grad=True)
-    torch.autograd.grad(x * 2.0, x)
+    # Starts the runtime and probes autograd's per-device queues: if no backward ran yet, the
+    # probe sizes them for the XLA devices; if a CPU backward ran first, `jit(backend="xla")`
+    # runs XLA backward passes under `autograd_guard` (see ember.core.xla).
+    start_runtime("the torch_xla SPMD lowering")
 
 
 def dcn_split(shape: Sequence[int], slices: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:

@@ -24,7 +24,7 @@ def _backend_device(backend: str) -> torch.device:
         return torch.device("cpu")
     from .. import xla
 
-    return xla.require_torch_xla("run_on_backends(backends=(..., 'xla'))").device()
+    return xla.start_runtime("run_on_backends(backends=(..., 'xla'))")
 
 
 def run_on_backends(
@@ -39,8 +39,9 @@ def run_on_backends(
 ) -> Dict[str, Tuple[Any, List[Any]]]:
     """Run one step function through `ember.core.jit` on several backends and compare them.
 
-    Each backend starts from its own copy of `state` (on `torch_xla.device()` for `"xla"`) and
-    runs `steps` steps; metrics of every step and the final states are brought to CPU and
+    Each backend starts from its own copy of `state` (on `torch_xla.device()` for `"xla"`, whose
+    runtime it starts: any earlier backward pass, e.g. in another test, is harmless) and runs
+    `steps` steps; metrics of every step and the final states are brought to CPU and
     compared with the first backend's within `rtol`/`atol`.
 
     Args:
@@ -91,8 +92,8 @@ def run_on_backends(
     def to(tree: PyTree, device: torch.device) -> PyTree:
         return tree_map(lambda t: t.detach().clone().to(device) if isinstance(t, Tensor) else t, tree)
 
-    # Start every device first: autograd sizes its device queues at the first backward pass, so
-    # an eager step that ran before the torch_xla runtime started breaks backward on XLA.
+    # Start every device before the first step: the XLA runtime then sizes autograd's device
+    # queues if no backward ran yet (else jit runs XLA backward passes under xla.autograd_guard).
     devices = {backend: _backend_device(backend) for backend in backends}
     results: Dict[str, Tuple[Any, List[Any]]] = {}
     for backend in backends:

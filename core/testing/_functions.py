@@ -5,6 +5,7 @@ Public names: `check_grads`, `assert_pure`.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -112,17 +113,44 @@ def _tensor_snapshot(args: Tuple[Any, ...], kwargs: Dict[str, Any]):
     ]
 
 
+_DONATION_HINT = (
+    "\nIf the step donates its state on purpose (`jit(..., donate=\"state\")`), pass that jitted "
+    "function itself (or one wrapping it with functools.wraps / functools.partial): assert_pure "
+    "then gives it a fresh copy of the state on each call."
+)
+
+
 def _check_untouched(snapshot, call: str) -> None:
     for path, leaf, copy, version in snapshot:
         changed_version = version is not None and getattr(leaf, "_version", None) != version
         msg = _compare_leaf(leaf, copy, rtol=0.0, atol=0.0, exact=True)
         if msg is not None or changed_version:
             detail = msg if msg is not None else "  (same values, but written in place)"
+            where = _call_path(path)
             raise AssertionError(
-                f"step modified its input {_call_path(path)} in place during the {call} call; a "
+                f"step modified its input {where} in place during the {call} call; a "
                 f"pure step must return new tensors (use out-of-place ops, e.g. `x + y` rather "
-                f"than `x.add_(y)`):\n{detail}"
+                f"than `x.add_(y)`):\n{detail}" + (_DONATION_HINT if where.startswith("args[0]") else "")
             )
+
+
+def _donates_state(step: Any) -> bool:
+    """Whether `step` is a `jit(..., donate="state")` function, or wraps one (functools.wraps/partial)."""
+    from ..jit import Jitted
+
+    for _ in range(16):  # a chain of wrappers, never a cycle
+        if isinstance(step, Jitted):
+            return step.donate == "state"
+        step = step.func if isinstance(step, functools.partial) else getattr(step, "__wrapped__", None)
+        if step is None:
+            return False
+    return False
+
+
+def _fresh_copy(tree: Any) -> Any:
+    """A copy of every tensor of `tree` (same dtype, device and requires_grad), for one donating call."""
+    return tree_map(lambda t: t.detach().clone().requires_grad_(t.requires_grad)
+                    if isinstance(t, Tensor) else t, tree)
 
 
 def assert_pure(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -130,7 +158,9 @@ def assert_pure(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
     Calls `step` twice on the same inputs; the outputs must be bit-identical (NaNs in the same
     places count as equal) and no input tensor may change value or be written in place (its
-    version counter must not move). A step with `donate="state"` is impure by design.
+    version counter must not move). A step made by `jit(..., donate="state")` (or wrapping one)
+    overwrites its first argument by design: each call gets a fresh copy of it, the caller's
+    `args[0]` is never touched, and every other input is checked as usual.
 
     Args:
         step: the function under test.
@@ -138,7 +168,7 @@ def assert_pure(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         **kwargs: keyword arguments (pytrees).
 
     Returns:
-        The output of the first call.
+        The output of the first call (for a donating step, its state is the first call's copy).
 
     Raises:
         AssertionError: naming the input path that was modified (`args[0].params.w`), or the
@@ -150,11 +180,17 @@ def assert_pure(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         >>> assert_pure(lambda s, x: s + x, torch.ones(2), torch.ones(2)).tolist()
         [2.0, 2.0]
     """
+    donated = bool(args) and _donates_state(step)
+
+    def call() -> Any:
+        call_args = (_fresh_copy(args[0]),) + args[1:] if donated else args
+        return step(*call_args, **kwargs)
+
     snapshot = _tensor_snapshot(args, kwargs)
-    first = step(*args, **kwargs)
+    first = call()
     _check_untouched(snapshot, "first")
     first_copy = tree_map(lambda t: _to_cpu(t).clone() if isinstance(t, Tensor) else t, first)
-    second = step(*args, **kwargs)
+    second = call()
     _check_untouched(snapshot, "second")
     try:
         assert_trees_all_equal(tree_map(_to_cpu, second), first_copy)

@@ -3,8 +3,10 @@
 Resume-from-training and crash tests live in test_checkpoint_resume.py.
 """
 
+import logging
 import os
 import pathlib
+import re
 import shutil
 
 import pytest
@@ -269,11 +271,7 @@ def _largest_array_file(step_dir):
 
 def test_flipped_bytes_in_an_array_file_fail_the_crc_check(saved_llama):
     root, state, _ = saved_llama
-    target = _largest_array_file(root / "2")
-    data = bytearray(target.read_bytes())
-    for i in range(len(data) // 3, len(data) // 3 + 40):
-        data[i] ^= 0x55
-    target.write_bytes(bytes(data))
+    _flip_bytes(_largest_array_file(root / "2"))
     before = snapshot(root)
     with CheckpointManager(root) as ckpt:
         with pytest.raises(CheckpointError, match=r"step 2 in .* is corrupted: \d+ arrays do not match the CRC-32"):
@@ -306,6 +304,44 @@ def test_a_half_pruned_step_is_a_clear_error(saved_llama):
             ckpt.restore(1, like=state)
         assert_bit_equal(ckpt.restore(like=state)[0], state)  # the later step is intact
     assert snapshot(root) == before
+
+
+def _flip_bytes(path):
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 3, len(data) // 3 + 40):
+        data[i] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
+def test_verify_names_what_is_damaged_and_changes_nothing(saved_llama):
+    root, _, _ = saved_llama
+    _flip_bytes(_largest_array_file(root / "2"))
+    before = snapshot(root)
+    with CheckpointManager(root, read_only=True) as ckpt:
+        assert ckpt.verify(1) == []
+        [crc] = ckpt.verify()  # the latest: step 2
+        assert re.fullmatch(r"CRC-32 mismatch in \d+ of \d+ arrays \([\w., ]+\)", crc), crc
+    shutil.rmtree(root / "1" / "params")  # half-pruned
+    (root / "1" / "_CHECKPOINT_METADATA").unlink()
+    with CheckpointManager(root, read_only=True) as ckpt:
+        assert ckpt.verify(1) == ["`params` unreadable: FileNotFoundError: no readable metadata for items ['params']"]
+        shutil.rmtree(root / "1" / "meta")
+        assert ckpt.verify(1) == ["no `meta` item (pruned or written half-way)"]
+        with pytest.raises(CheckpointError, match=r"no checkpoint for step 5 .*saved steps: 1, 2"):
+            ckpt.verify(5)
+    assert set(snapshot(root)) <= set(before)
+
+
+def test_restoring_a_data_state_logs_no_orbax_warning(tmp_path, caplog):
+    """orbax warned twice per restore that the `data` item "could not be restored" (it was)."""
+    state = {"params": {"w": torch.arange(3.0)}, "count": torch.zeros(())}
+    with CheckpointManager(tmp_path) as ckpt:
+        ckpt.save(1, state, data_state={"next_batch": 7})
+    with caplog.at_level(logging.INFO, logger="absl"), CheckpointManager(tmp_path) as ckpt:
+        assert ckpt.restore(like=state)[1] == {"next_batch": 7}
+        assert ckpt.restore_params()["w"].tolist() == [0.0, 1.0, 2.0]
+        assert ckpt.read_data_state() == {"next_batch": 7} and ckpt.verify() == []
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_directories_that_are_not_checkpoints(tmp_path, saved_llama):

@@ -87,12 +87,12 @@ def test_resume_without_a_checkpoint_starts_fresh_and_without_out_is_an_error(tm
     manager.close()
     off = dataclasses.replace(cfg, out=None)
     assert C.build_manager(off) is None and C.build_manager(dataclasses.replace(cfg, checkpoint_every=-1)) is None
-    with pytest.raises(ValueError, match="--resume needs a run directory"):
+    with pytest.raises(ValueError, match="--resume needs checkpoints, but this run has none"):
         C.maybe_resume(None, state, None, cfg=off, resume=True)
 
 
 def test_keep_best_from_the_config(tmp_path):
-    cfg = _cfg(tmp_path, keep=1, keep_best="eval_loss", checkpoint_every=1)
+    cfg = _cfg(tmp_path, keep=1, keep_best="eval_loss", checkpoint_every=1, eval_every=1)
     ckpt = C.build_manager(cfg)
     for step, loss in [(1, 2.0), (2, 1.0), (3, 3.0)]:
         assert C.save_if_due(ckpt, step, {"params": {"w": torch.ones(1)}}, _NoData(), cfg=cfg, metrics={"eval_loss": loss})
@@ -118,8 +118,9 @@ def saved_run(tmp_path_factory):
 def test_list_shows_steps_model_params_and_metrics(saved_run):
     directory, state, _ = saved_run
     buf = io.StringIO()
-    assert cli.list_checkpoints(str(directory), out=buf) == [2]
+    assert cli.list_checkpoints(str(directory), out=buf) == {2: []}
     text = buf.getvalue()
+    assert "every array checked against its CRC-32" in text and "DAMAGED" not in text
     n_params = sum(x.numel() for _, x in tree_leaves_with_path(state.params))
     assert "1 checkpoints in" in text and "llama3/test_tiny" in text and f"{n_params:,}" in text
     assert "loss=" in text and "grad_norm=" in text
@@ -159,6 +160,89 @@ def test_cli_errors_name_the_problem(saved_run, tmp_path):
         cli.main(["list", str(tmp_path / "missing")])
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(CheckpointError, match=r"holds no ember checkpoint \(it contains metrics.jsonl\)"):
+    with pytest.raises(CheckpointError, match=r"run directory without checkpoints \(it contains metrics.jsonl\): "
+                                              r"the run saved none. Train it with `--checkpoint_every N`"):
         cli.main(["list", str(tmp_path / "run")])
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match=r"holds no checkpoints and no checkpoints/ folder \(it contains a.txt\)"
+                                              r"\. Pass a run directory \(the --out of launch/train.py\)"):
+        cli.main(["export", str(tmp_path / "notes"), "--out", str(tmp_path / "x.safetensors")])
+    with pytest.raises(CheckpointError, match=r"is one saved step, not a checkpoint directory; pass its parent"):
+        cli.main(["list", str(directory / "2")])
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_list_and_export_take_the_run_directory(saved_run, tmp_path, capsys):
+    directory, state, _ = saved_run
+    run = directory.parent  # the run's --out: checkpoints/, metrics.jsonl, ...
+    assert cli.main(["list", str(run)]) == 0
+    assert f"1 checkpoints in {directory} (every array" in capsys.readouterr().out
+    out = tmp_path / "model.safetensors"
+    cli.main(["export", str(run), "--out", str(out)])
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(str(out))["wte.weight"], state.params["wte"]["weight"])
+
+
+def test_exported_files_take_the_umask(saved_run, tmp_path):
+    """safetensors writes a temporary file (mode 0600) and renames it; export sets the umask's mode."""
+    import os
+
+    directory, _, _ = saved_run
+    for umask, mode in [(0o022, 0o644), (0o027, 0o640)]:
+        old = os.umask(umask)
+        try:
+            cli.main(["export", str(directory), "--out", str(tmp_path / f"{umask:o}.safetensors")])
+            cli.main(["export", str(directory), "--hf", "--out", str(tmp_path / f"hf{umask:o}")])
+        finally:
+            os.umask(old)
+        for path in (tmp_path / f"{umask:o}.safetensors", tmp_path / f"hf{umask:o}" / "model.safetensors",
+                     tmp_path / f"hf{umask:o}" / "config.json"):
+            assert oct(path.stat().st_mode & 0o777) == oct(mode), path
+
+
+def test_export_logs_no_orbax_warning_about_the_data_item(saved_run, tmp_path, caplog):
+    import logging
+
+    directory, _, _ = saved_run
+    with caplog.at_level(logging.INFO, logger="absl"):
+        cli.main(["export", str(directory), "--out", str(tmp_path / "m.safetensors")])
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _flip_bytes(path):
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 3, len(data) // 3 + 40):
+        data[i] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def damaged_run(tmp_path):
+    """A run directory with steps 1-4: step 2 lost its metadata (half-pruned), step 4's arrays were hit."""
+    import shutil
+
+    run = tmp_path / "run"
+    state = {"params": {"w": torch.randn(64, 64), "b": torch.zeros(64)}, "mu": torch.ones(64, 64)}
+    with CheckpointManager(run / C.CHECKPOINTS_DIR) as ckpt:
+        for step in (1, 2, 3, 4):
+            ckpt.save(step, state, metrics={"loss": 1.0 / step}, data_state={"next_batch": step})
+    shutil.rmtree(run / C.CHECKPOINTS_DIR / "2" / "meta")
+    arrays = [p for p in (run / C.CHECKPOINTS_DIR / "4").rglob("*") if p.is_file() and p.parent.name == "d"]
+    _flip_bytes(max(arrays, key=lambda p: p.stat().st_size))
+    return run
+
+
+def test_list_marks_damaged_steps_and_names_the_step_to_resume(damaged_run, capsys):
+    assert cli.main(["list", str(damaged_run)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    rows = {int(line.split()[0]): line for line in lines[2:6]}
+    assert "DAMAGED" not in rows[1] + rows[3] and "loss=0.3333" in rows[3]
+    assert rows[2].endswith("DAMAGED: no `meta` item (pruned or written half-way)")
+    assert "loss=0.25  DAMAGED: CRC-32 mismatch in 1 of " in rows[4]
+    assert lines[6] == (f"2 damaged steps (2, 4); restore step 3, the newest intact one, with `python launch/train.py "
+                        f"--out {damaged_run} --resume --resume_step 3` (export: --step 3).")
+    assert cli.main(["list", str(damaged_run), "--no-verify"]) == 1  # metadata only: step 4 reads as intact
+    text = capsys.readouterr().out
+    assert "metadata only" in text and "1 damaged step (2); the latest, step 4, is intact" in text

@@ -5,6 +5,7 @@ import importlib.util
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 
@@ -55,10 +56,34 @@ def test_trains_and_matches_the_single_device_reference(pod_run):
 
 
 @pytest.mark.xla
-def test_a_mesh_that_does_not_fit_the_devices_names_the_fix():
-    rc, out, err = _run(["--mesh", "dp=3", *TINY], PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
-    assert rc != 0
-    assert "mesh 'dp=3' needs 3 devices but 4 are available" in err and "--mesh dp=4" in err
+@pytest.mark.parametrize("mesh", ["dp=3", "dp=5"])
+def test_a_mesh_that_does_not_fit_the_devices_names_the_fix(mesh):
+    rc, out, err = _run(["--mesh", mesh, *TINY], PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"error: mesh '{mesh}' needs {mesh[3:]} devices but 4 are available")
+    assert "--mesh dp=4" in err
+
+
+@pytest.mark.xla
+def test_a_second_pod_run_into_the_same_out_is_refused(tmp_path):
+    from ember.launch.run_dir import LOCK_FILE
+
+    out = tmp_path / "pod"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (out / LOCK_FILE).write_text(f"{holder.pid} {socket.gethostname()}\n")
+        rc, _, err = _run(["--mesh", "dp=2", "--out", str(out), *TINY], PJRT_DEVICE="CPU", CPU_NUM_DEVICES="2")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rc == 2 and f"is in use by process {holder.pid}" in err
+
+
+@pytest.mark.xla
+def test_help_lists_the_pod_flags_and_the_configs():
+    rc, out, _ = _run(["--help"])
+    assert rc == 0 and "--check, --no-check" in out and "--resume_step N" in out and "llama3_tiny" in out
 
 
 @pytest.mark.xla

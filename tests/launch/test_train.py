@@ -74,15 +74,14 @@ def test_bad_input_has_clear_errors(argv, error, match, tmp_out):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--model.n_layer", "2"], "--model.n-layers"),  # a typo: tyro names the closest flag
+        (["--model.n_layer", "2"], "did you mean --model.n_layers"),  # a typo: the closest flags
         (["--model.n_heads", "5"], "Choose n_heads among the divisors of d_model"),  # config validation
     ],
     ids=["field-typo", "heads-dont-divide"],
 )
-def test_command_line_errors_exit_with_the_fix(argv, message, capsys):
-    with pytest.raises(SystemExit):
+def test_command_line_errors_exit_with_the_fix(argv, message):
+    with pytest.raises(ValueError, match=message):  # run_main prints it as one `error:` line, exit 2
         train.main([*argv, "--dry-run"])
-    assert message in " ".join(capsys.readouterr().err.split()).replace("│", "").replace("  ", " ") or message in capsys.readouterr().err
 
 
 USER_COLLATOR = '''
