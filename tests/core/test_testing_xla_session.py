@@ -7,6 +7,7 @@ ember conftest, the tests in file order.
 """
 
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -70,4 +71,24 @@ def test_run_on_backends_with_xla_after_a_cpu_backward_in_a_users_session(tmp_pa
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_user_steps.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )
+    assert proc.returncode == 0 and "3 passed" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
+
+
+def _python_block_after(readme: str, heading: str) -> str:
+    return readme.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_the_readmes_testing_example_passes_after_a_backward_test(tmp_path):
+    """The README's "Testing your steps" block, on the README's own step, in a user's session."""
+    pytest.importorskip("torch_xla", reason="torch_xla is not installed (pip install -e .[xla])")
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    backward_first = "def test_a_cpu_backward_runs_first():\n    (torch.ones(2, requires_grad=True) * 3).sum().backward()\n\n\n"
+    user_file = (_python_block_after(readme, "## Composing a step").replace("print(", "_ = (")
+                 + "\n\n" + backward_first + _python_block_after(readme, "## Testing your steps"))
+    (tmp_path / "test_readme_steps.py").write_text(user_file)
+    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_readme_steps.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and "3 passed" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]

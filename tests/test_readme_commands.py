@@ -1,0 +1,50 @@
+"""The README's shell commands copy-paste: every block names its environment, every training command's
+flags and config are valid (checked with --dry-run), and every run writes into its own --out."""
+
+import pathlib
+import re
+import shlex
+
+import pytest
+
+from ember.launch import train
+
+README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+BLOCKS = re.findall(r"```bash\n(.*?)```", README, re.S)
+
+
+def _commands(block):
+    return [line.split(" #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _train_commands():
+    for block in BLOCKS:
+        for command in _commands(block):
+            words = shlex.split(command)
+            if "launch/train.py" in words:
+                yield command, words[words.index("launch/train.py") + 1:]
+
+
+def test_every_block_that_runs_python_names_its_environment():
+    for block in BLOCKS:
+        commands = _commands(block)
+        bare = [c for c in commands if re.search(r"(^|\s)(python|torchrun)\s", c)]
+        if bare:
+            assert commands[0] == "source .venv/bin/activate", f"a block runs {bare[0]!r} without activating .venv"
+
+
+def test_every_training_command_has_its_own_out():
+    outs = [words[words.index("--out") + 1] for _, words in _train_commands() if "--out" in words]
+    commands = [c for c, _ in _train_commands()]
+    resumed = sum("--resume" in c for c in commands)
+    assert len(outs) == len(commands) and len(set(outs)) == len(outs) - resumed, commands
+
+
+@pytest.mark.parametrize("command, argv", list(_train_commands()), ids=[c for c, _ in _train_commands()])
+def test_every_training_command_is_valid_as_written(command, argv, tmp_path, monkeypatch, capsys):
+    if "--import" in argv:  # the README's own package, saved where the command's PYTHONPATH=. finds it
+        source = re.search(r"```python\n(# my_models\.py.*?)```", README, re.S).group(1)
+        (tmp_path / "my_models.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+    assert train.main([*argv, "--dry-run"]) is None, command
+    assert "total:" in capsys.readouterr().out
