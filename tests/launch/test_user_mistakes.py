@@ -78,12 +78,25 @@ def test_an_unknown_keep_best_metric_is_refused_before_any_file_is_written(tmp_p
     assert _snapshot(out) == {}
 
 
-def test_resume_step_restores_an_earlier_step_and_sets_the_later_ones_aside(tmp_path, capsys):
+def _flip_the_largest_array_file(step_dir: pathlib.Path) -> None:
+    arrays = [p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d"]
+    path = max(arrays, key=lambda p: p.stat().st_size)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_latest_step_names_resume_step_which_restores_an_earlier_one(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--steps", "4", "--checkpoint_every", "2", "--log_every", "1", "--out", str(out), *TINY]
     assert run_main(lambda: train.main(argv)) == 0
+    _flip_the_largest_array_file(out / "checkpoints" / "4")
     later = _snapshot(out / "checkpoints" / "4")
     capsys.readouterr()
+    assert run_main(lambda: train.main([*argv, "--resume"])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step 4 in" in err[0] and "is corrupted" in err[0] and "pass --resume_step 2" in err[0]
+    assert _snapshot(out / "checkpoints" / "4") == later
     assert run_main(lambda: train.main([*argv, "--resume_step", "2"])) == 0
     said = capsys.readouterr().out
     assert "moved the later checkpoints [4] to" in said and "resumed from step 2" in said
