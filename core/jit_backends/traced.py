@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..compat import compiling_with
+from ..compat.gloo_all_gather import gloo_all_gather_out
 from ..compat.pytree import spec_children
 from ..compat.inductor import DataDependentError, cacheable_compile_context, trace_on_fake_tensors
 from ..compat.inductor_batching import batched_cpu_kernels
@@ -161,7 +162,8 @@ class FxCompiled:
         if any(t.device.type == "cpu" for t in unique):
             # The ISA checks start first, so they run (or are remembered) while the step is traced.
             patches = [("vec_isa_probe_memo", vec_isa_probe_memo), *patches,
-                       ("cpp_kernel_batching", batched_cpu_kernels)]
+                       ("cpp_kernel_batching", batched_cpu_kernels),
+                       ("gloo_all_gather_out", gloo_all_gather_out)]  # DTensor steps over gloo
         try:
             compiled = compiling_with(patches, trace_and_compile, passthrough=(DataDependentError, _NotDonatable))
         except DataDependentError as err:

@@ -1,0 +1,106 @@
+"""All-gathers over gloo in ember's compiled graphs go through `_allgather_base`, not the coalesced work.
+
+A patch (`WORKAROUNDS["gloo_all_gather_out"]`), on inside ember's own compiles on torch 2.9 and 2.15.
+`_c10d_functional.all_gather_into_tensor` (what DTensor's Shard -> Replicate emits, so every FSDP
+parameter gather of a compiled DTensor step) reaches gloo as `allgather_into_tensor_coalesced`,
+whose work corrupts the host heap when several of them are queued at once: glibc then aborts a
+worker at a later, unrelated `malloc` ("malloc(): unaligned tcache chunk detected", or SIGSEGV in
+`tcache_get`). Inductor issues a step's gathers early and waits late, so they queue. Measured in
+plain torch, no ember (two gloo processes, 8 functional all-gathers in flight, then their waits,
+5000 times; `tests/core/test_compat_gloo_all_gather.py` runs it): with one gloo worker thread it
+aborted 4 of 4 runs on torch 2.15 and 3 of 3 on torch 2.9, with the default two threads 2 of 4; the
+same load through `all_gather_into_tensor_out` (gloo's `_allgather_base`), and the c10d
+`all_gather_into_tensor(async_op=True)`, aborted none (0 of 7, 0 of 4). The launcher's
+`torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=4` aborted about every second run of 50 steps.
+
+Within `gloo_all_gather_out()` (while a process group exists), Inductor's post-grad graph has each
+such gather of a CPU tensor over a gloo group replaced by `all_gather_into_tensor_out` into a fresh buffer: the same values, still
+asynchronous (the graph's `wait_tensor` waits for it), the lowering Inductor's own all-gather
+bucketing emits. The pass has a uuid, so its graphs have their own cache key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Optional
+
+import torch
+
+__all__ = ["gloo_all_gather_out", "rewrite_gloo_all_gathers"]
+
+_UUID = "ember-gloo-all-gather-out-1"
+
+
+def _is_gloo(group_name: Any) -> bool:
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group, get_backend
+
+        return "gloo" in str(get_backend(_resolve_process_group(group_name)))  # "gloo", "cpu:gloo,cuda:nccl"
+    except Exception:  # an unknown group name, or no process group: leave the node alone
+        return False
+
+
+def rewrite_gloo_all_gathers(graph: torch.fx.Graph) -> int:
+    """Replace gloo `all_gather_into_tensor` nodes of CPU tensors by the `_out` op; returns how many."""
+    ops = torch.ops._c10d_functional
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not ops.all_gather_into_tensor.default:
+            continue
+        inp, group_size, group_name = node.args[:3]
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.device.type != "cpu" or not _is_gloo(group_name):
+            continue
+        with graph.inserting_before(node):
+            out = graph.call_function(torch.ops.aten.empty.memory_format, (list(val.shape),),
+                                      {"dtype": val.dtype, "device": val.device})
+            out.meta["val"] = val
+            gathered = graph.call_function(ops.all_gather_into_tensor_out.default,
+                                           (inp, group_size, group_name), {"out": out})
+        gathered.meta.update(node.meta)
+        node.replace_all_uses_with(gathered)
+        graph.erase_node(node)
+        count += 1
+    return count
+
+
+def _pass_class() -> Optional[type]:
+    try:
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+    except ImportError:
+        return None
+
+    class _GlooAllGatherOut(CustomGraphPass):
+        def __init__(self, before: Any) -> None:
+            self.before = before  # a post-grad pre-pass that was already configured runs first
+
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            if self.before is not None:
+                for p in self.before if isinstance(self.before, (list, tuple)) else [self.before]:
+                    p(graph)
+            rewrite_gloo_all_gathers(graph)
+
+        def uuid(self) -> Any:
+            if self.before is None:
+                return _UUID
+            before = self.before if isinstance(self.before, (list, tuple)) else [self.before]
+            uuids = [p.uuid() if hasattr(p, "uuid") else None for p in before]
+            return None if None in uuids else (_UUID, *uuids)  # None: Inductor bypasses its cache
+
+    return _GlooAllGatherOut
+
+
+@contextlib.contextmanager
+def gloo_all_gather_out() -> Iterator[None]:
+    """Within the block, Inductor's gloo all-gathers use `_allgather_base` (see the module doc)."""
+    from torch._inductor import config
+
+    cls = _pass_class()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        yield  # no process group, no collective in the graph: Inductor's config (and cache key) as is
+        return
+    if cls is None or not hasattr(config, "post_grad_custom_pre_pass"):  # another torch: as it is
+        yield
+        return
+    with config.patch(post_grad_custom_pre_pass=cls(config.post_grad_custom_pre_pass)):
+        yield
