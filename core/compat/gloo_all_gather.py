@@ -4,24 +4,27 @@ A patch (`WORKAROUNDS["gloo_all_gather_out"]`), on inside ember's own compiles o
 `_c10d_functional.all_gather_into_tensor` (what DTensor's Shard -> Replicate emits, so every FSDP
 parameter gather of a compiled DTensor step) reaches gloo as `allgather_into_tensor_coalesced`,
 whose work corrupts the host heap when several of them are queued at once: glibc then aborts a
-worker at a later, unrelated `malloc` ("malloc(): unaligned tcache chunk detected", or SIGSEGV in
-`tcache_get`). Inductor issues a step's gathers early and waits late, so they queue. Measured in
-plain torch, no ember (two gloo processes, 8 functional all-gathers in flight, then their waits,
-5000 times; `tests/core/test_compat_gloo_all_gather.py` runs it): with one gloo worker thread it
-aborted 4 of 4 runs on torch 2.15 and 3 of 3 on torch 2.9, with the default two threads 2 of 4; the
-same load through `all_gather_into_tensor_out` (gloo's `_allgather_base`), and the c10d
-`all_gather_into_tensor(async_op=True)`, aborted none (0 of 7, 0 of 4). The launcher's
-`torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=4` aborted about every second run of 50 steps.
+process at a later, unrelated `malloc`/`free` ("malloc(): unaligned tcache chunk detected", "double
+free or corruption", or SIGSEGV in `tcache_get`). Inductor issues a step's gathers early and waits
+late, so they queue. Measured in plain torch, no ember (`tests/core/_gloo_all_gather_worker.py
+repro`: two gloo processes, one gloo worker thread, 8 functional all-gathers in flight then their
+waits, 5000 times, on an idle 2-core machine): `all_gather_into_tensor` aborted 6 of 6 runs on
+torch 2.15 and 1 of 3 on torch 2.9 (16 in flight: 4 of 4); `all_gather_into_tensor_out` (gloo's
+`_allgather_base`) under the same load 0 of 6 on each, c10d's `all_gather_into_tensor(async_op=True)`
+0 of 4. Fewer runs abort on a busy machine. The launcher's README command
+`torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=4 --steps 50` aborted 5 of 6 runs.
 
 Within `gloo_all_gather_out()` (while a process group exists), Inductor's post-grad graph has each
-such gather of a CPU tensor over a gloo group replaced by `all_gather_into_tensor_out` into a fresh buffer: the same values, still
-asynchronous (the graph's `wait_tensor` waits for it), the lowering Inductor's own all-gather
-bucketing emits. The pass has a uuid, so its graphs have their own cache key.
+such gather of a CPU tensor over a gloo group replaced by `all_gather_into_tensor_out` into a fresh
+buffer: the same values, still asynchronous (the graph's `wait_tensor` waits for it), the op
+Inductor's own all-gather bucketing emits. The pass has a uuid, so its graphs have their own cache
+key. Without a process group the block changes nothing (no collective, same cache key).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Iterator, Optional
 
 import torch
@@ -64,6 +67,7 @@ def rewrite_gloo_all_gathers(graph: torch.fx.Graph) -> int:
     return count
 
 
+@functools.lru_cache(maxsize=None)
 def _pass_class() -> Optional[type]:
     try:
         from torch._inductor.custom_graph_pass import CustomGraphPass

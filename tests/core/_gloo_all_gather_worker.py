@@ -1,9 +1,9 @@
 """Workers for `test_compat_gloo_all_gather.py`, started as 2 gloo processes by torchrun.
 
-    torchrun --nproc-per-node 2 tests/core/_gloo_all_gather_worker.py repro funcol|out ITERS
+    torchrun --nproc-per-node 2 tests/core/_gloo_all_gather_worker.py repro funcol|out ITERS IN_FLIGHT
     torchrun --nproc-per-node 2 tests/core/_gloo_all_gather_worker.py jit ITERS OUT_JSON
 
-The default (gloo) group has one worker thread. `repro` is plain torch (no ember): 8 functional all-gathers in
+The default (gloo) group has one worker thread. `repro` is plain torch (no ember): IN_FLIGHT functional all-gathers in
 flight (`all_gather_into_tensor`, or `all_gather_into_tensor_out` with `out`), then their waits,
 ITERS times. `jit` runs a `jit(backend="inductor")` function of 8 `fsdp`-sharded DTensors (each
 all-gathered, the gathers independent, so Inductor issues them before it waits) ITERS times, checks
@@ -34,13 +34,13 @@ def _one_thread_gloo_options():
     return opts
 
 
-def repro(api: str, iters: int) -> None:
+def repro(api: str, iters: int, in_flight: int) -> None:
     import torch.distributed._functional_collectives  # noqa: F401  (registers the ops)
 
     ops = torch.ops._c10d_functional
     group = dist.group.WORLD.group_name
     world = dist.get_world_size()
-    params = [torch.randn(shape) for shape in SHAPES]
+    params = [torch.randn(SHAPES[i % len(SHAPES)]) for i in range(in_flight)]
     for _ in range(iters):
         pending = []
         for p in params:
@@ -91,7 +91,7 @@ def run_jit(iters: int, out_json: str) -> None:
 if __name__ == "__main__":
     dist.init_process_group("gloo", pg_options=_one_thread_gloo_options())
     if sys.argv[1] == "repro":
-        repro(sys.argv[2], int(sys.argv[3]))
+        repro(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
         run_jit(int(sys.argv[2]), sys.argv[3])
     dist.barrier()
