@@ -69,7 +69,7 @@ def test_the_coalesced_gloo_all_gather_still_corrupts_the_heap():
     outcomes = []
     for attempt in range(6):
         try:
-            proc = _torchrun("repro", "funcol", 5000, (8, 16)[attempt % 2], timeout=240)
+            proc = _torchrun("repro", "funcol", 5000, (8, 16)[attempt % 2], timeout=150)
         except subprocess.TimeoutExpired:  # a hang is a symptom too, but not the one checked here
             outcomes.append("timeout")
             continue
