@@ -3,11 +3,12 @@
     torchrun --nproc-per-node 2 tests/core/_gloo_all_gather_worker.py repro funcol|out ITERS IN_FLIGHT
     torchrun --nproc-per-node 2 tests/core/_gloo_all_gather_worker.py jit ITERS OUT_JSON
 
-The default (gloo) group has one worker thread. `repro` is plain torch (no ember): IN_FLIGHT functional all-gathers in
-flight (`all_gather_into_tensor`, or `all_gather_into_tensor_out` with `out`), then their waits,
-ITERS times. `jit` runs a `jit(backend="inductor")` function of 8 `fsdp`-sharded DTensors (each
-all-gathered, the gathers independent, so Inductor issues them before it waits) ITERS times, checks
-the result against eager, and rank 0 writes which all-gather ops the compiled code calls to OUT_JSON.
+The default (gloo) group has one worker thread. `repro` is plain torch (no ember): IN_FLIGHT
+functional all-gathers in flight (`all_gather_into_tensor`, or `all_gather_into_tensor_out` with
+`out`), then their waits, ITERS times. `jit` runs a `jit(backend="inductor")` function of 8
+`fsdp`-sharded DTensors (each all-gathered, the gathers independent, so Inductor issues them before
+it waits) ITERS times, checks the result against eager, and rank 0 writes which all-gather ops the
+compiled code calls to OUT_JSON.
 A heap corrupted by the coalesced gloo all-gather aborts the process (SIGABRT / SIGSEGV).
 """
 

@@ -24,7 +24,8 @@ def _torchrun(*args, disable_patch=False, timeout=600):
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if disable_patch:
         env["EMBER_DISABLE_PATCHES"] = "gloo_all_gather_out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(WORKER), *map(str, args)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",  # a free port
+           str(WORKER), *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 

@@ -107,7 +107,7 @@ def test_sigint_without_checkpoints_keeps_metrics_and_plot_and_says_how_to_resum
 @pytest.mark.slow
 def test_sigterm_under_torchrun_stops_every_rank_at_the_same_step_with_a_checkpoint(tmp_path):
     run = tmp_path / "run"
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2")
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
     argv = ["--mesh", "dp=2", "--steps", "400", "--checkpoint_every", "10", "--out", str(run)]
     _, _, err = _signal_after(_start([TRAIN, *argv], command=torchrun), run, 3, signal.SIGTERM)
     # torchrun itself exits 1 on SIGTERM (its SignalException); the workers stop after the step they are in.

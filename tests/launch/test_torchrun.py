@@ -42,7 +42,7 @@ def one_process(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["fsdp=2,tp=2", "fsdp=4"])
 def test_launcher_under_torchrun_compiles_and_matches_one_process(tmp_path, one_process, mesh):
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
     losses = _train(tmp_path / "run", *torchrun, mesh=["--mesh", mesh])
     assert len(losses) == len(one_process) == 3
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(one_process), rtol=0, atol=2e-4)
@@ -63,7 +63,7 @@ def test_readme_in_a_script_snippet_under_torchrun(tmp_path):
               + "assert all(math.isfinite(float(v.full_tensor())) for v in metrics.values()), metrics\n"
               + "print('SNIPPET_OK')\n")
     (tmp_path / "snippet.py").write_text(script)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", str(tmp_path / "snippet.py")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(tmp_path / "snippet.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path,
                           env=_env())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
