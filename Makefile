@@ -14,20 +14,22 @@ PY_XLA   := $(VENV_XLA)/bin/python
 # it and the XLA tests skip; on Linux x86-64 a skipped XLA test fails the run (EMBER_REQUIRE_XLA=1).
 XLA_PLATFORM := $(shell $(PYTHON) -c "import platform,sys; print(int(sys.platform=='linux' and platform.machine()=='x86_64'))")
 PYTEST_ARGS ?=
+# The two torch lines with their CUDA wheels take ~15 GB; pip's wheel cache would add ~8 GB more
+# (a CI disk once filled up): the large installs skip it.
 
 .PHONY: install install-xla test test-latest test-xla train bench clean
 
 $(VENV)/.ember-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --upgrade -e ".[test]" torch
+	$(PY) -m pip install --quiet --no-cache-dir --upgrade -e ".[test]" torch
 	$(PY) -m pip uninstall --quiet --yes torch_xla  # a .venv made before the split had it
 	touch $@
 
 $(VENV_XLA)/.ember-installed: pyproject.toml
 	test -x $(PY_XLA) || $(PYTHON) -m venv $(VENV_XLA)
 	$(PY_XLA) -m pip install --quiet --upgrade pip
-	$(PY_XLA) -m pip install --quiet -e ".[xla,test]"
+	$(PY_XLA) -m pip install --quiet --no-cache-dir -e ".[xla,test]"
 	touch $@
 
 install: $(VENV)/.ember-installed
