@@ -37,16 +37,27 @@ Step = Callable[[PyTree, Batch], "tuple[PyTree, Metrics]"]
 
 
 def evaluate(eval_fn: Callable[[PyTree, Batch], Metrics], params: PyTree, batches: Iterable[Batch]) -> Metrics:
-    """Mean of `eval_fn(params, batch)` metrics over `batches` (0-d tensors, still on device)."""
+    """Mean of `eval_fn(params, batch)` metrics over `batches` (0-d tensors, still on device).
+
+    When the metrics have `tokens` (a `TokenLoss` objective), `loss` is weighted by them and
+    `tokens` is their sum; every other metric is the plain mean over batches.
+    """
     totals: dict = {}
     n = 0
     for batch in batches:
-        for k, v in eval_fn(params, batch).items():
-            totals[k] = totals[k] + v.float() if k in totals else v.float()
+        metrics = {k: v.float() for k, v in eval_fn(params, batch).items()}
+        if "tokens" in metrics:
+            metrics["loss"] = metrics["loss"] * metrics["tokens"]
+        for k, v in metrics.items():
+            totals[k] = totals[k] + v if k in totals else v
         n += 1
     if n == 0:
         raise ValueError("evaluate() got no batches: the eval split is empty or eval_batches is 0.")
-    return {k: v / n for k, v in totals.items()}
+    means = {k: v / n for k, v in totals.items()}
+    if "tokens" in totals:
+        means["loss"] = totals["loss"] / totals["tokens"].clamp(min=1.0)
+        means["tokens"] = totals["tokens"]
+    return means
 
 
 def _progress_bar(*, total: int, initial: int) -> Any:

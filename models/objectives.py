@@ -10,41 +10,39 @@ Example:
     >>> params = model.init(random.key(0))
     >>> loss_fn = lm_loss(model)
     >>> batch = {"inputs": torch.zeros(2, 8, dtype=torch.long), "targets": torch.ones(2, 8, dtype=torch.long)}
-    >>> loss, aux = loss_fn(params, batch, key=None)
-    >>> loss.shape, sorted(aux)
-    (torch.Size([]), ['tokens'])
+    >>> loss = loss_fn(params, batch, key=None)
+    >>> int(loss.count), loss.mean().shape
+    (16, torch.Size([]))
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Tuple
-
-import torch
-from torch import Tensor
+from typing import Any, Callable
 
 from ..core.step_fns.losses import cross_entropy
+from ..core.step_fns.token_loss import TokenLoss
 from ..core.types import Batch, Key, Params
 
 __all__ = ["check_lm_data", "lm_loss"]
 
 
-def lm_loss(model: Any, *, z_loss: float = 0.0, ignore_index: int = -100) -> Callable[..., Tuple[Tensor, Dict[str, Tensor]]]:
+def lm_loss(model: Any, *, z_loss: float = 0.0, ignore_index: int = -100) -> Callable[..., TokenLoss]:
     """Next-token cross-entropy of `model` on `{"inputs": (B, T), "targets": (B, T)}` batches.
 
     Extra batch entries (for example `positions` or `segment_ids`) are passed to `model.apply` as
-    keyword inputs, so they reach every layer.
+    keyword inputs, so they reach every layer. Targets equal to `ignore_index` count for nothing.
 
     Returns:
-        `loss_fn(params, batch, *, key) -> (loss, {"tokens": count})`, the shape `train_step` takes.
+        `loss_fn(params, batch, *, key) -> TokenLoss(sum, count)`: `train_step` divides the summed
+        loss by the valid tokens of the whole step, whatever the microbatches or mesh.
     """
 
-    def loss_fn(params: Params, batch: Batch, *, key: Key | None) -> Tuple[Tensor, Dict[str, Tensor]]:
+    def loss_fn(params: Params, batch: Batch, *, key: Key | None) -> TokenLoss:
         extra = {k: v for k, v in batch.items() if k not in ("inputs", "targets")}
         logits = model.apply(params, batch["inputs"], key=key, **extra)  # (B, T, V)
-        targets = batch["targets"]
-        loss = cross_entropy(logits, targets, ignore_index=ignore_index, z_loss=z_loss)
-        tokens = (targets != ignore_index).sum().to(torch.float32)
-        return loss, {"tokens": tokens}
+        return cross_entropy(
+            logits, batch["targets"], ignore_index=ignore_index, z_loss=z_loss, reduction="sum_and_count"
+        )
 
     return loss_fn
 

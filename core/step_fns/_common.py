@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from ..pytree import tree_leaves_with_path
 from ..transforms import check_scalar_loss
+from .token_loss import TokenLoss
 
 _MSG_BAD_LOSS_OUTPUT = (
-    "loss_fn must return a 0-d loss tensor or a tuple `(loss, aux)` with aux a dict of 0-d "
-    "tensors, got {got}. Right: `return loss` or `return loss, {{'accuracy': acc}}`."
+    "loss_fn must return a 0-d loss tensor, a `TokenLoss(total, count)`, or a tuple `(loss, aux)` "
+    "with aux a dict of 0-d tensors, got {got}. Right: `return loss` or `return loss, {{'accuracy': acc}}`."
 )
 
 _MSG_NOT_A_STATE = (
@@ -20,7 +21,7 @@ _MSG_NOT_A_STATE = (
     "{got}. Build one with `ember.TrainState.create(params=params, tx=tx, key=ember.random.key(0))`."
 )
 
-RESERVED_METRICS = ("loss", "grad_norm", "update_norm", "lr", "skipped")
+RESERVED_METRICS = ("loss", "tokens", "grad_norm", "update_norm", "lr", "skipped")
 
 
 def describe(x: Any) -> str:
@@ -54,15 +55,23 @@ def check_builder_args(builder: str, loss_fn: Any, compute_dtype: Any) -> None:
         )
 
 
-def split_loss_output(out: Any, *, reserved: Tuple[str, ...] = ()) -> Tuple[Tensor, Dict[str, Tensor]]:
-    """Split `loss` or `(loss, aux)` (decided by structure at trace time) and validate both."""
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+def split_loss_output(
+    out: Any, *, reserved: Tuple[str, ...] = ()
+) -> Tuple[Union[Tensor, TokenLoss], Dict[str, Tensor]]:
+    """Split `loss` or `(loss, aux)` (decided by structure at trace time) and validate both.
+
+    The loss is a 0-d tensor or a `TokenLoss` (a NamedTuple, so told apart from `(loss, aux)` by type).
+    """
+    if isinstance(out, tuple) and not isinstance(out, TokenLoss) and len(out) == 2 and isinstance(out[1], dict):
         loss, aux = out
     else:
         loss, aux = out, {}
-    if not isinstance(loss, Tensor):
+    if isinstance(loss, TokenLoss):
+        check_token_loss(loss)
+    elif isinstance(loss, Tensor):
+        check_scalar_loss(loss, name="loss_fn", what="the loss")
+    else:
         raise TypeError(_MSG_BAD_LOSS_OUTPUT.format(got=describe(out)))
-    check_scalar_loss(loss, name="loss_fn", what="the loss")
     for name, value in aux.items():
         if not isinstance(name, str):
             raise TypeError(f"aux metric names must be strings, got {name!r}.")
@@ -77,6 +86,21 @@ def split_loss_output(out: Any, *, reserved: Tuple[str, ...] = ()) -> Tuple[Tens
                 f"loss_fn (e.g. `.mean()`); metrics are scalars kept on device until logged."
             )
     return loss, aux
+
+
+def check_token_loss(loss: TokenLoss) -> None:
+    """Raise with the fix unless `loss` holds a 0-d floating total and a 0-d numeric count."""
+    total, count = loss
+    if not isinstance(total, Tensor) or total.dim() != 0 or not total.is_floating_point():
+        raise ValueError(
+            f"loss_fn returned a TokenLoss whose total is {describe(total)}; it must be a 0-d floating "
+            f"tensor, the sum of the per-token losses: `TokenLoss(per_token.sum(), valid.sum())`."
+        )
+    if not isinstance(count, Tensor) or count.dim() != 0 or count.dtype == torch.bool or count.is_complex():
+        raise ValueError(
+            f"loss_fn returned a TokenLoss whose count is {describe(count)}; it must be a 0-d integer "
+            f"or floating tensor, the number of valid tokens: `valid.sum()` (not the mask itself)."
+        )
 
 
 def find_learning_rate(opt_state: Any) -> Optional[Tensor]:

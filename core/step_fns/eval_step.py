@@ -12,6 +12,7 @@ import torch
 from ..tree_math import tree_cast
 from ..types import Batch, Metrics
 from ._common import check_builder_args, is_state_like, split_loss_output
+from .token_loss import TokenLoss
 
 __all__ = ["eval_step"]
 
@@ -27,14 +28,15 @@ def eval_step(
     (dropout) must run deterministically when they get no key. No gradients are computed.
 
     Args:
-        loss_fn: `loss_fn(params, batch, *, key) -> loss | (loss, aux)`; loss 0-d, aux a dict
-            of 0-d tensors.
+        loss_fn: `loss_fn(params, batch, *, key) -> loss | (loss, aux)`; loss 0-d or a
+            `TokenLoss`, aux a dict of 0-d tensors.
         compute_dtype: floating dtype to cast floating params and batch leaves to (as in
             `train_step`), or None.
 
     Returns:
         `step(params_or_state, batch) -> metrics`: accepts a params pytree or a TrainState-like
-        object (its `.params` are used) and returns `{"loss": float32, **aux (float32)}`.
+        object (its `.params` are used) and returns `{"loss": float32, **aux (float32)}`; for a
+        `TokenLoss`, `loss` is its mean and `tokens` its count.
 
     Raises:
         TypeError: `loss_fn` is not callable, or (when called) returns neither a loss nor
@@ -58,8 +60,11 @@ def eval_step(
         params = params_or_state.params if is_state_like(params_or_state) else params_or_state
         with torch.no_grad():
             out = loss_fn(tree_cast(params, compute_dtype), tree_cast(batch, compute_dtype), key=None)
-        loss, aux = split_loss_output(out, reserved=("loss",))
-        metrics: Metrics = {"loss": loss.to(torch.float32)}
+        loss, aux = split_loss_output(out, reserved=("loss", "tokens"))
+        if isinstance(loss, TokenLoss):
+            metrics: Metrics = {"loss": loss.mean(), "tokens": loss.count.to(torch.float32)}
+        else:
+            metrics = {"loss": loss.to(torch.float32)}
         metrics.update({k: v.to(torch.float32) for k, v in aux.items()})
         return metrics
 

@@ -14,10 +14,12 @@ from typing import Dict, Literal, Tuple, Union
 import torch
 from torch import Tensor
 
+from .token_loss import TokenLoss
+
 __all__ = ["cross_entropy"]
 
-Reduction = Literal["mean", "sum", "none"]
-_REDUCTIONS = ("mean", "sum", "none")
+Reduction = Literal["mean", "sum", "none", "sum_and_count"]
+_REDUCTIONS = ("mean", "sum", "none", "sum_and_count")
 
 
 def _check_inputs(logits: Tensor, labels: Tensor, reduction: str) -> None:
@@ -50,7 +52,7 @@ def cross_entropy(
     z_loss: float = 0.0,
     reduction: Reduction = "mean",
     return_aux: bool = False,
-) -> Union[Tensor, Tuple[Tensor, Dict[str, Tensor]]]:
+) -> Union[Tensor, TokenLoss, Tuple[Union[Tensor, TokenLoss], Dict[str, Tensor]]]:
     """Softmax cross-entropy over the last axis, with ignored labels and an optional z-loss.
 
     The per-token loss is `logsumexp(logits) - logits[label]`, computed in float32 (bf16/fp16
@@ -65,16 +67,18 @@ def cross_entropy(
         labels: `(...)` integer tensor of class indices in `[0, V)`, or `ignore_index`.
         ignore_index: label value that marks a position to skip (padding, prompt tokens).
         z_loss: weight of the z-loss term; `0.0` skips computing it.
-        reduction: `"mean"` over non-ignored positions (a 0-d tensor), `"sum"` (0-d), or
-            `"none"` (the per-position loss, shape `(...)`, 0 at ignored positions).
+        reduction: `"mean"` over non-ignored positions (a 0-d tensor), `"sum"` (0-d),
+            `"none"` (the per-position loss, shape `(...)`, 0 at ignored positions), or
+            `"sum_and_count"`: a `TokenLoss(sum, count)` that `train_step` weights by tokens
+            across microbatches and data-parallel ranks.
         return_aux: also return a dict with `"ce_loss"` (the cross-entropy part), `"z_loss"`
             (the weighted z-loss part, already included in the loss) and `"num_tokens"` (0-d
             int64 count of non-ignored positions), each reduced like the loss except
-            `num_tokens`.
+            `num_tokens` (`"sum_and_count"` gives the parts as means).
 
     Returns:
-        The float32 (float64 for float64 logits) loss (0-d, or `(...)` for `reduction="none"`); with `return_aux=True`, the
-        tuple `(loss, aux)`.
+        The float32 (float64 for float64 logits) loss (0-d, `(...)` for `reduction="none"`, a
+        `TokenLoss` for `"sum_and_count"`); with `return_aux=True`, the tuple `(loss, aux)`.
 
     Raises:
         TypeError: `logits` is not floating point or `labels` is not an integer tensor.
@@ -116,6 +120,8 @@ def cross_entropy(
         denom = num_tokens.clamp(min=1).to(work)
         ce_red, z_red = ce.sum() / denom, (z.sum() / denom if z is not None else None)
     loss = ce_red if z_red is None else ce_red + z_red
+    if reduction == "sum_and_count":
+        loss = TokenLoss(ce.sum() + z.sum() if z is not None else ce.sum(), num_tokens)
     if not return_aux:
         return loss
     aux = {

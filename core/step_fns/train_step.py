@@ -25,9 +25,10 @@ from ..tree_math import (
     tree_scale,
     tree_where,
 )
-from ..types import Batch, Key, Metrics, Params, PyTree
+from ..types import Batch, Key, Metrics, Params
 from ..protocols import GradientTransformation
 from ._common import RESERVED_METRICS, check_builder_args, check_state, find_learning_rate, split_loss_output
+from .token_loss import TokenLoss
 __all__ = ["train_step"]
 
 LossFn = Callable[..., Any]
@@ -39,8 +40,13 @@ _MSG_NO_TX = (
 )
 
 
-def _check_args(loss_fn: Any, tx: Any, microbatches: Any, compute_dtype: Any) -> None:
+def _check_args(loss_fn: Any, tx: Any, microbatches: Any, compute_dtype: Any, accumulate_dtype: Any) -> None:
     check_builder_args("train_step", loss_fn, compute_dtype)
+    if not (isinstance(accumulate_dtype, torch.dtype) and accumulate_dtype.is_floating_point):
+        raise TypeError(
+            f"train_step(accumulate_dtype=...) must be a floating torch.dtype such as torch.float32, "
+            f"got {accumulate_dtype!r}."
+        )
     if tx is not None and not isinstance(tx, GradientTransformation):
         raise TypeError(
             f"train_step(tx=...) expects a gradient transformation with "
@@ -111,6 +117,7 @@ def train_step(
     microbatches: int = 1,
     skip_nonfinite: bool = True,
     compute_dtype: Optional[torch.dtype] = None,
+    accumulate_dtype: torch.dtype = torch.float32,
 ) -> Callable[[Any, Batch], Tuple[Any, Metrics]]:
     """Build a pure training step from `loss_fn` and a gradient transformation.
 
@@ -119,12 +126,15 @@ def train_step(
     `step_key = fold_in(state.key, state.step)`; with `microbatches > 1`, microbatch `i` gets
     `fold_in(step_key, i)`, otherwise `loss_fn` gets `step_key` itself. `state.key` never changes.
 
-    `loss_fn(params, batch, *, key)` returns a 0-d loss or `(loss, aux)` with `aux` a dict of
-    0-d tensors (told apart by structure at trace time). With `microbatches = m`, every tensor
-    leaf of the batch is split along dim 0 into `m` equal chunks; gradients, loss and aux
-    metrics are accumulated in float32 and averaged (for a mean loss over equal-size chunks this
-    equals the full-batch gradient; a token-mean loss with different token counts per chunk
-    becomes the mean of the chunk means).
+    `loss_fn(params, batch, *, key)` returns a loss or `(loss, aux)` with `aux` a dict of 0-d
+    tensors (told apart by structure at trace time). The loss is either a `TokenLoss(total, count)`
+    (summed per-token losses and the number of valid tokens) or a 0-d mean. With `microbatches = m`,
+    every tensor leaf of the batch is split along dim 0 into `m` equal chunks and gradients are
+    accumulated in `accumulate_dtype`. A `TokenLoss` is token-weighted: totals, counts and
+    gradients are summed over the chunks (and, on a mesh, over data-parallel ranks) and divided
+    once by the total count, so the step is the same for any `m`. A mean loss becomes the mean of
+    the chunk means (the full batch's only when every chunk has the same weight). Aux metrics are
+    averaged over the chunks.
 
     With `compute_dtype` (e.g. `torch.bfloat16`), floating params and floating batch leaves are
     cast to it for the forward and backward pass; master params stay in their own dtype and
@@ -133,8 +143,9 @@ def train_step(
     sync), increments `state.skipped_steps`, and still advances `state.step`.
 
     Metrics (a dict of 0-d tensors, never synced to host):
-        `loss` (float32, averaged over microbatches), `grad_norm` (global L2 norm of the averaged
-        gradients), `update_norm` (global norm of the update actually applied: 0 for a skipped
+        `loss` (float32: the token-weighted mean, or the mean of the chunk means), `tokens` (float32
+        count of valid tokens in the step, for a `TokenLoss`), `grad_norm` (global L2 norm of the
+        accumulated gradients), `update_norm` (global norm of the update actually applied: 0 for a skipped
         step), `lr` (the first leaf of the new `opt_state` whose path ends in
         `hyperparams.learning_rate`, as ember.optim aliases have; absent otherwise), `skipped`
         (float32 1.0 if this step was skipped, else 0.0), then the aux metrics (float32).
@@ -145,6 +156,7 @@ def train_step(
         microbatches: number of equal chunks to split the batch into (gradient accumulation).
         skip_nonfinite: skip updates whose loss or gradients are not finite.
         compute_dtype: floating dtype for the forward/backward pass, or None for the params' own.
+        accumulate_dtype: floating dtype the gradients are accumulated and normalised in.
 
     Returns:
         `step(state, batch) -> (new_state, metrics)`, pure and traceable.
@@ -154,7 +166,8 @@ def train_step(
             `compute_dtype` is not a floating dtype; when called, a state that is not
             TrainState-like or a `loss_fn` output that is not a loss / `(loss, aux)`.
         ValueError: `microbatches < 1`; when called, a batch leaf not divisible into
-            microbatches, a non-scalar loss or aux metric, or an aux name that shadows a metric.
+            microbatches, a non-scalar loss or aux metric, a `TokenLoss` whose total or count is
+            not 0-d, or an aux name that shadows a metric.
 
     Example:
         >>> import torch
@@ -175,43 +188,46 @@ def train_step(
         >>> [round(v, 4) for v in state.params["w"].tolist()]
         [0.0667, 0.0667, 0.0667]
     """
-    _check_args(loss_fn, tx, microbatches, compute_dtype)
+    _check_args(loss_fn, tx, microbatches, compute_dtype, accumulate_dtype)
     skip_nonfinite = bool(skip_nonfinite)
 
     def loss_and_grads(params: Params, batch: Batch, key: Optional[Key]):
+        """Gradients of one (micro)batch's summed total (`TokenLoss`) or mean loss, its count, aux."""
+
         def objective(p: Params):
             out = loss_fn(tree_cast(p, compute_dtype), batch, key=key)
             loss, aux = split_loss_output(out, reserved=RESERVED_METRICS)
-            return loss.to(torch.float32), aux
+            if isinstance(loss, TokenLoss):
+                return loss.total.to(torch.float32), (aux, {"count": loss.count.to(torch.float32)})
+            return loss.to(torch.float32), (aux, {})
 
-        (loss, aux), grads = value_and_grad(objective, has_aux=True)(params)
-        return grads, loss, aux
+        (value, (aux, count)), grads = value_and_grad(objective, has_aux=True)(params)
+        return tree_cast(grads, accumulate_dtype), value, count.get("count"), _aux_f32(aux)
 
     def accumulate(params: Params, batch: Batch, step_key: Optional[Key]):
         batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
         if microbatches == 1:
-            grads, loss, aux = loss_and_grads(params, batch, step_key)
-            return tree_cast(grads, torch.float32), loss, _aux_f32(aux)
-        acc_grads: Optional[PyTree] = None
-        acc_loss: Optional[Tensor] = None
-        acc_aux: Dict[str, Tensor] = {}
-        # A Python loop: it unrolls at trace time into `microbatches` forward/backward passes.
-        for i, chunk in enumerate(split_microbatches(batch, microbatches)):
-            key_i = fold_in(step_key, i) if step_key is not None else None
-            grads, loss, aux = loss_and_grads(params, chunk, key_i)
-            grads, aux = tree_cast(grads, torch.float32), _aux_f32(aux)
-            if acc_grads is None:
-                acc_grads, acc_loss, acc_aux = grads, loss, aux
-            else:
-                acc_grads = tree_add(acc_grads, grads)
-                acc_loss = acc_loss + loss
-                acc_aux = {k: acc_aux[k] + aux[k] for k in acc_aux}
-        scale = 1.0 / microbatches
-        return (
-            tree_scale(acc_grads, scale),
-            acc_loss * scale,
-            {k: v * scale for k, v in acc_aux.items()},
-        )
+            grads, value, count, aux = loss_and_grads(params, batch, step_key)
+        else:
+            # A Python loop: it unrolls at trace time into `microbatches` forward/backward passes.
+            for i, chunk in enumerate(split_microbatches(batch, microbatches)):
+                key_i = fold_in(step_key, i) if step_key is not None else None
+                parts = loss_and_grads(params, chunk, key_i)
+                if i == 0:
+                    grads, value, count, aux = parts
+                    continue
+                grads = tree_add(grads, parts[0])
+                value = value + parts[1]
+                count = count + parts[2] if count is not None else None
+                aux = {k: aux[k] + parts[3][k] for k in aux}
+            aux = {k: v / microbatches for k, v in aux.items()}
+        if count is not None:
+            # Token-weighted: the summed totals are divided once by every valid token of the step
+            # (no token at all gives 0, not NaN).
+            denom = count.clamp(min=1.0)
+            return tree_map(lambda g: g / denom.to(g.dtype), grads), value / denom, count, aux
+        scale = 1.0 / microbatches  # mean losses: the mean of the microbatches' means
+        return tree_scale(grads, scale), value * scale, None, aux
 
     def step(state: Any, batch: Batch) -> Tuple[Any, Metrics]:
         check_state(state, "train_step's step(state, batch)")
@@ -222,10 +238,10 @@ def train_step(
         state_key = getattr(state, "key", None)
         step_key = fold_in(state_key, state.step) if state_key is not None else None
 
-        grads32, loss, aux = accumulate(params, batch, step_key)
-        grad_norm = global_norm(grads32)
+        acc_grads, loss, tokens, aux = accumulate(params, batch, step_key)
+        grad_norm = global_norm(acc_grads)
         # The optimizer sees gradients in each parameter's own dtype, whatever `microbatches`.
-        grads = tree_map(lambda g, p: g.to(p.dtype), grads32, params)
+        grads = tree_map(lambda g, p: g.to(p.dtype), acc_grads, params)
         updates, new_opt_state = transform.update(grads, opt_state, params)
         new_params = apply_updates(params, updates)
         update_norm = global_norm(updates)
@@ -253,7 +269,10 @@ def train_step(
             changes["skipped_steps"] = state.skipped_steps + skipped_inc
         new_state = state.replace(**changes)
 
-        metrics: Metrics = {"loss": loss, "grad_norm": grad_norm, "update_norm": update_norm}
+        metrics: Metrics = {"loss": loss}
+        if tokens is not None:
+            metrics["tokens"] = tokens
+        metrics.update(grad_norm=grad_norm, update_norm=update_norm)
         lr = find_learning_rate(new_opt_state)
         if lr is not None:
             metrics["lr"] = lr

@@ -138,7 +138,7 @@ def jax_variant(s: Setup) -> Variant:
 def initial_losses(s: Setup, *, jax: bool) -> Dict[str, float]:
     """Loss of ember's model at the initial params (no key), and of the JAX model on the same weights."""
     with torch.no_grad():
-        out = {"ember": float(lm_loss(s.model)(s.params, s.batch, key=None)[0])}
+        out = {"ember": float(lm_loss(s.model)(s.params, s.batch, key=None).mean())}
     if jax:
         import jax as _jax
 

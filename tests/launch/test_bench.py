@@ -87,7 +87,7 @@ def test_jax_model_matches_ember(config, overrides):
     cfg = parse_cli(config, [*overrides, "--data.batch_size", "2", "--data.seq_len", "16"])
     s = benchmark.build_setup(cfg, device=torch.device("cpu"))
     with torch.no_grad():
-        ours = float(lm_loss(s.model)(s.params, s.batch, key=None)[0])
+        ours = float(lm_loss(s.model)(s.params, s.batch, key=None).mean())
     theirs = float(jax.jit(benchmark.jax_loss_fn(s))(benchmark.jax_params(s), s.batch["inputs"].numpy(),
                                                      s.batch["targets"].numpy()))
     assert theirs == pytest.approx(ours, abs=1e-5)

@@ -118,5 +118,5 @@ def test_bad_inputs(name, logits, labels, exc, match):
 
 
 def test_bad_reduction_lists_choices():
-    with pytest.raises(ValueError, match=r"\['mean', 'sum', 'none'\], got 'avg'"):
+    with pytest.raises(ValueError, match=r"\['mean', 'sum', 'none', 'sum_and_count'\], got 'avg'"):
         cross_entropy(torch.randn(2, V), torch.zeros(2, dtype=torch.int64), reduction="avg")

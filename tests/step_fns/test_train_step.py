@@ -259,7 +259,7 @@ CALL_ERRORS = [
     ("dict_state", mlp_loss, lambda s: s.params, TypeError, r"TrainState\.create"),
     ("tensor_state", mlp_loss, lambda s: torch.zeros(3), TypeError, r"params.*opt_state.*step"),
     ("vector_loss", vector_loss, lambda s: s, ValueError, r"0-d \(scalar\) loss tensor; the loss has shape \(8,\)"),
-    ("list_loss", list_loss, lambda s: s, TypeError, r"0-d loss tensor or a tuple"),
+    ("list_loss", list_loss, lambda s: s, TypeError, r"0-d loss tensor, a `TokenLoss.*or a tuple"),
     ("vector_aux", vector_aux_loss, lambda s: s, ValueError, r"'per_example' must be a 0-d"),
     ("shadowing_aux", shadowing_aux_loss, lambda s: s, ValueError, r"'grad_norm' collides"),
     ("no_tx", mlp_loss, lambda s: s.replace(tx=None), TypeError, r"no gradient transformation"),
