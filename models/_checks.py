@@ -56,6 +56,17 @@ def check_positive(cfg: Any, *names: str) -> None:
             raise ValueError(f"{cls}.{name} must be positive, got {v}.")
 
 
+def check_non_negative(cfg: Any, *names: str) -> None:
+    """Each field in `names` must be an int >= 0."""
+    cls = type(cfg).__name__
+    for name in names:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{cls}.{name} must be an int, got {type(v).__name__} {v!r}.")
+        if v < 0:
+            raise ValueError(f"{cls}.{name} must be >= 0 (0 turns it off), got {v}.")
+
+
 def check_divides(cfg: Any, small: str, big: str, *, why: str) -> None:
     """`getattr(cfg, small)` must divide `getattr(cfg, big)`; the message lists valid choices."""
     cls = type(cfg).__name__

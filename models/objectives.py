@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..core.step_fns.chunked_loss import chunked_cross_entropy
 from ..core.step_fns.losses import cross_entropy
 from ..core.step_fns.token_loss import TokenLoss
 from ..core.types import Batch, Key, Params
@@ -31,14 +32,23 @@ def lm_loss(model: Any, *, z_loss: float = 0.0, ignore_index: int = -100) -> Cal
 
     Extra batch entries (for example `positions` or `segment_ids`) are passed to `model.apply` as
     keyword inputs, so they reach every layer. Targets equal to `ignore_index` count for nothing.
+    When the model's config sets `loss_chunk_size`, the head and the loss run chunk by chunk
+    (`chunked_cross_entropy`): the whole `(B, T, V)` logits never exist.
 
     Returns:
         `loss_fn(params, batch, *, key) -> TokenLoss(sum, count)`: `train_step` divides the summed
         loss by the valid tokens of the whole step, whatever the microbatches or mesh.
     """
 
+    chunk_size = getattr(getattr(model, "config", None), "loss_chunk_size", 0)
+
     def loss_fn(params: Params, batch: Batch, *, key: Key | None) -> TokenLoss:
         extra = {k: v for k, v in batch.items() if k not in ("inputs", "targets")}
+        if chunk_size:
+            hidden = model.features(params, batch["inputs"], key=key, **extra)  # (B, T, d)
+            name, head = model.head()
+            return chunked_cross_entropy(head, params[name], hidden, batch["targets"], chunk_size=chunk_size,
+                                         ignore_index=ignore_index, z_loss=z_loss)
         logits = model.apply(params, batch["inputs"], key=key, **extra)  # (B, T, V)
         return cross_entropy(
             logits, batch["targets"], ignore_index=ignore_index, z_loss=z_loss, reduction="sum_and_count"

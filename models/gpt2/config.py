@@ -55,6 +55,9 @@ class GPT2Config:
     """Stack the blocks' params along a leading "layers" axis and run them with scan."""
     remat: bool = False
     """Recompute each block's activations in the backward pass (activation checkpointing)."""
+    loss_chunk_size: int = 0
+    """Tokens per chunk of the LM-head loss in `lm_loss`: 0 computes the whole (B, T, V) logits at
+    once; N > 0 never holds more than N x V logits (or their gradient)."""
 
     def __post_init__(self) -> None:
         checks.check_positive(self, "vocab_size", "max_seq_len", "n_layers", "n_heads", "d_model")
@@ -67,6 +70,7 @@ class GPT2Config:
             raise ValueError(f"GPT2Config.layer_norm_eps must be > 0, got {self.layer_norm_eps}.")
         if not self.init_std >= 0:
             raise ValueError(f"GPT2Config.init_std must be >= 0, got {self.init_std}.")
+        checks.check_non_negative(self, "loss_chunk_size")
 
     @property
     def hidden_dim(self) -> int:

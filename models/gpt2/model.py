@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Dict, Literal, Optional
+from typing import Any, Callable, Dict, Literal, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -277,6 +277,11 @@ class GPT2(Module):
         Returns:
             (B, T, vocab_size) float32 logits.
         """
+        name, head = self.head()
+        return head(params[name], self.features(params, tokens, key=key, **kwargs)).float()  # (B, T, V)
+
+    def features(self, params: Params, tokens: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
+        """The final hidden states `(B, T, d)` (after `ln_f`), before the output projection; as `apply`."""
         check_tokens(tokens, max_seq_len=self.config.max_seq_len, field="GPT2Config.max_seq_len")
         if kwargs.get("positions") is None:
             kwargs["positions"] = torch.arange(tokens.shape[1], device=tokens.device)  # (T,)
@@ -284,5 +289,8 @@ class GPT2(Module):
         x = x + self.call("wpe", params, kwargs["positions"], **kwargs)  # (B, T, d) + (T or B, T, d)
         x = self.call("drop", params, x, key=key, **kwargs)
         x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
-        x = self.call("ln_f", params, x, **kwargs)
-        return self.children["wte"].attend(params["wte"], x).float()  # (B, T, V), tied to wte
+        return self.call("ln_f", params, x, **kwargs)
+
+    def head(self) -> Tuple[str, Callable[[Params, Tensor], Tensor]]:
+        """The output projection as `(name, fn)`: `fn(params[name], h) -> logits`; tied to `wte`."""
+        return "wte", self.children["wte"].attend

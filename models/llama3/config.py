@@ -58,6 +58,9 @@ class Llama3Config:
     """Stack the blocks' params along a leading "layers" axis and run them with scan."""
     remat: bool = False
     """Recompute each block's activations in the backward pass (activation checkpointing)."""
+    loss_chunk_size: int = 0
+    """Tokens per chunk of the LM-head loss in `lm_loss`: 0 computes the whole (B, T, V) logits at
+    once; N > 0 never holds more than N x V logits (or their gradient)."""
 
     def __post_init__(self) -> None:
         checks.check_positive(
@@ -82,6 +85,7 @@ class Llama3Config:
             )
         if not self.init_std >= 0:
             raise ValueError(f"Llama3Config.init_std must be >= 0, got {self.init_std}.")
+        checks.check_non_negative(self, "loss_chunk_size")
 
     @property
     def head_dim(self) -> int:

@@ -40,7 +40,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -291,12 +291,20 @@ class Llama3(Module):
         Returns:
             (B, T, vocab_size) float32 logits.
         """
+        name, head = self.head()
+        return head(params[name], self.features(params, tokens, key=key, **kwargs)).float()  # (B, T, V)
+
+    def features(self, params: Params, tokens: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
+        """The final hidden states `(B, T, d)` (after `ln_f`), before the output projection; as `apply`."""
         check_tokens(tokens, max_seq_len=self.config.max_seq_len, field="Llama3Config.max_seq_len")
         if kwargs.get("positions") is None:
             kwargs["positions"] = torch.arange(tokens.shape[1], device=tokens.device)  # (T,)
         x = constrain(self.call("wte", params, tokens, **kwargs), RESIDUAL_AXES)  # (B, T, d)
         x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
-        x = self.call("ln_f", params, x, **kwargs)
+        return self.call("ln_f", params, x, **kwargs)
+
+    def head(self) -> Tuple[str, Callable[[Params, Tensor], Tensor]]:
+        """The output projection as `(name, fn)`: `fn(params[name], h) -> logits`, `(..., d) -> (..., V)`."""
         if self.config.tie_embeddings:
-            return self.children["wte"].attend(params["wte"], x).float()  # (B, T, V)
-        return self.call("lm_head", params, x, **kwargs).float()  # (B, T, V)
+            return "wte", self.children["wte"].attend
+        return "lm_head", lambda p, h: self.call("lm_head", {"lm_head": p}, h)

@@ -4,7 +4,7 @@
 
 `make_case(seed)` builds params and one batch of (B=8, T=6) tokens whose targets are randomly
 ignored (`-100`), with rows 0-1 wholly ignored (with 4 microbatches, the first has no valid token)
-and rows 4-7 mostly ignored (on a dp=2 mesh the two ranks hold very different counts).
+and rows 4-7 mostly ignored (on a dp=2 mesh the two ranks hold different counts).
 `run_step(backends, microbatches, ...)` runs one `train_step` with SGD(lr=1) on each backend, so the
 parameter change is the gradient itself.
 """

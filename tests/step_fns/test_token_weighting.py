@@ -3,7 +3,7 @@
 With targets randomly ignored (rows 0-1 wholly, so one microbatch of four has no valid token),
 the loss, token count and gradients of `k = 2, 4` equal `k = 1` within 1e-5 (fp32) on eager,
 Inductor and XLA, and the loss is the full batch's token mean. The dp=2 mesh cases (ranks holding
-different counts) are in `test_token_weighting_mesh.py`.
+different counts) are in `test_mesh_parity.py`.
 """
 
 import json

@@ -1,0 +1,105 @@
+"""`chunked_cross_entropy`: the LM-head cross-entropy without ever holding the whole `(N, V)` logits.
+
+Public names: `chunked_cross_entropy`.
+
+The tokens are cut into chunks of `chunk_size`. Each chunk's logits are computed, reduced to its
+loss and, when gradients are being taken, differentiated at once with `torch.func.vjp` on detached
+inputs, so only one chunk's logits (and their gradient) are alive at a time. The gradients reach
+the caller's transform through a surrogate whose value is the loss and whose gradient is the one
+computed chunk by chunk: `loss + sum(x * g) - stop_gradient(sum(x * g))`. That is plain autograd,
+so it works under `torch.func.grad`, `torch.compile(fullgraph=True)`, torch_xla and DTensor; it
+gives exact first-order gradients only (no gradient of the gradient through it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List
+
+import torch
+from torch import Tensor
+
+from ..pytree import tree_flatten, tree_map
+from ..types import PyTree
+from .losses import cross_entropy
+from .token_loss import TokenLoss
+
+__all__ = ["chunked_cross_entropy"]
+
+Head = Callable[[PyTree, Tensor], Tensor]
+"""`head(head_params, hidden) -> logits`: `(n, d) -> (n, V)`, e.g. `lambda p, h: h @ p["weight"].T`."""
+
+
+def chunked_cross_entropy(
+    head: Head,
+    head_params: PyTree,
+    hidden: Tensor,
+    labels: Tensor,
+    *,
+    chunk_size: int = 1024,
+    ignore_index: int = -100,
+    z_loss: float = 0.0,
+) -> TokenLoss:
+    """Cross-entropy of `head(head_params, hidden)` against `labels`, `chunk_size` tokens at a time.
+
+    Equals `cross_entropy(head(head_params, hidden), labels, reduction="sum_and_count")` (same
+    ignore index and z-loss, logits in float32) and its gradients with respect to `hidden` and
+    `head_params`, while holding at most `chunk_size x V` logits.
+
+    Args:
+        head: `head(head_params, h) -> logits`, pure; `h` is `(n, d)`, logits `(n, V)`.
+        head_params: the head's parameters (a pytree: the only parameters differentiated here).
+        hidden: `(..., d)` final hidden states.
+        labels: `(...)` integer targets, `ignore_index` where no loss is taken.
+        chunk_size: tokens per chunk (the last chunk may be shorter).
+        ignore_index: label value to skip.
+        z_loss: weight of `logsumexp(logits)**2` per valid token.
+
+    Returns:
+        `TokenLoss(total, count)`: the summed loss (float32) and the number of valid tokens.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunked_cross_entropy: chunk_size must be an int >= 1, got {chunk_size!r}.")
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"chunked_cross_entropy: hidden must be labels.shape + (d,); got hidden {tuple(hidden.shape)} "
+            f"and labels {tuple(labels.shape)}."
+        )
+    h = hidden.reshape(-1, hidden.shape[-1])  # (N, d)
+    y = labels.reshape(-1)  # (N,)
+
+    def chunk_total(p: PyTree, h_chunk: Tensor, y_chunk: Tensor) -> Tensor:
+        logits = head(p, h_chunk).float()  # (n, V): the only logits alive
+        loss = cross_entropy(logits, y_chunk, ignore_index=ignore_index, z_loss=z_loss, reduction="sum_and_count")
+        return loss.total
+
+    count = (y != ignore_index).sum()
+    if not torch.is_grad_enabled():  # evaluation: no gradient to prepare
+        totals = [chunk_total(head_params, hc, yc) for hc, yc in _chunks(h, y, chunk_size)]
+        return TokenLoss(torch.stack(totals).sum(), count)
+
+    # Differentiate each chunk now, on inputs detached from the caller's transform: nothing of a
+    # chunk is kept for the caller's backward pass.
+    p_const = tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, head_params)
+    totals: List[Tensor] = []
+    d_hidden: List[Tensor] = []
+    d_params: Any = None
+    for h_chunk, y_chunk in _chunks(h.detach(), y, chunk_size):
+        total, vjp_fn = torch.func.vjp(lambda p, hc: chunk_total(p, hc, y_chunk), p_const, h_chunk)
+        g_params, g_hidden = vjp_fn(torch.ones_like(total))
+        totals.append(total)
+        d_hidden.append(g_hidden)
+        d_params = g_params if d_params is None else tree_map(torch.add, d_params, g_params)
+    total = torch.stack(totals).sum()
+    inject = (h * torch.cat(d_hidden).to(h.dtype)).sum(dtype=torch.float32)
+    for p, g in zip(tree_flatten(head_params)[0], tree_flatten(d_params)[0]):
+        if isinstance(p, Tensor) and p.is_floating_point():
+            inject = inject + (p * g.to(p.dtype)).sum(dtype=torch.float32)
+    # Value: `total` (x - stop_gradient(x) is exactly 0); gradient: the chunks' gradients.
+    return TokenLoss(total + (inject - inject.detach()), count)
+
+
+def _chunks(h: Tensor, y: Tensor, size: int):
+    n = h.shape[0]
+    for start in range(0, n, size):
+        length = min(size, n - start)
+        yield h.narrow(0, start, length), y.narrow(0, start, length)
