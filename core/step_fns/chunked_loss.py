@@ -3,8 +3,9 @@
 Public names: `chunked_cross_entropy`.
 
 The tokens are cut into chunks of `chunk_size`. Each chunk's logits are computed, reduced to its
-loss and, when gradients are being taken, differentiated at once with `torch.func.vjp` on detached
-inputs, so only one chunk's logits (and their gradient) are alive at a time. The gradients reach
+loss and, when gradients are being taken, differentiated at once (the head with `torch.func.vjp`,
+the cross-entropy in closed form) on detached inputs, so only one chunk's logits and their gradient
+are alive at a time. The gradients reach
 the caller's transform through a surrogate whose value is the loss and whose gradient is the one
 computed chunk by chunk: `loss + sum(x * g) - stop_gradient(sum(x * g))`. That is plain autograd,
 so it works under `torch.func.grad`, `torch.compile(fullgraph=True)`, torch_xla and DTensor; it
@@ -66,26 +67,26 @@ def chunked_cross_entropy(
         )
     h = hidden.reshape(-1, hidden.shape[-1])  # (N, d)
     y = labels.reshape(-1)  # (N,)
-
-    def chunk_total(p: PyTree, h_chunk: Tensor, y_chunk: Tensor) -> Tensor:
-        logits = head(p, h_chunk).float()  # (n, V): the only logits alive
-        loss = cross_entropy(logits, y_chunk, ignore_index=ignore_index, z_loss=z_loss, reduction="sum_and_count")
-        return loss.total
-
     count = (y != ignore_index).sum()
     if not torch.is_grad_enabled():  # evaluation: no gradient to prepare
-        totals = [chunk_total(head_params, hc, yc) for hc, yc in _chunks(h, y, chunk_size)]
+        totals = [
+            cross_entropy(head(head_params, hc).float(), yc, ignore_index=ignore_index, z_loss=z_loss,
+                          reduction="sum_and_count").total
+            for hc, yc in _chunks(h, y, chunk_size)
+        ]
         return TokenLoss(torch.stack(totals).sum(), count)
 
-    # Differentiate each chunk now, on inputs detached from the caller's transform: nothing of a
-    # chunk is kept for the caller's backward pass.
+    # Each chunk is differentiated now, on inputs detached from the caller's transform, so nothing
+    # of it is kept for the caller's backward pass: the head through `vjp` (a linear head saves only
+    # its inputs), the cross-entropy by its closed form, which needs one (n, V) buffer beside the logits.
     p_const = tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, head_params)
     totals: List[Tensor] = []
     d_hidden: List[Tensor] = []
     d_params: Any = None
     for h_chunk, y_chunk in _chunks(h.detach(), y, chunk_size):
-        total, vjp_fn = torch.func.vjp(lambda p, hc: chunk_total(p, hc, y_chunk), p_const, h_chunk)
-        g_params, g_hidden = vjp_fn(torch.ones_like(total))
+        logits, head_vjp = torch.func.vjp(head, p_const, h_chunk)  # (n, V)
+        total, d_logits = _cross_entropy_and_grad(logits, y_chunk, ignore_index, z_loss)
+        g_params, g_hidden = head_vjp(d_logits)
         totals.append(total)
         d_hidden.append(g_hidden)
         d_params = g_params if d_params is None else tree_map(torch.add, d_params, g_params)
@@ -96,6 +97,24 @@ def chunked_cross_entropy(
             inject = inject + (p * g.to(p.dtype)).sum(dtype=torch.float32)
     # Value: `total` (x - stop_gradient(x) is exactly 0); gradient: the chunks' gradients.
     return TokenLoss(total + (inject - inject.detach()), count)
+
+
+def _cross_entropy_and_grad(logits: Tensor, labels: Tensor, ignore_index: int, z_loss: Any):
+    """`(sum of the per-token losses, their gradient w.r.t. logits)` for one chunk, as `cross_entropy`.
+
+    d/dlogits of `lse - logit[y] + z * lse**2` is `softmax * (1 + 2 z lse) - onehot(y)` on valid rows.
+    """
+    x = logits.float()  # (n, V)
+    lse = torch.logsumexp(x, dim=-1)  # (n,)
+    valid = labels != ignore_index  # (n,)
+    safe = torch.where(valid, labels, torch.zeros_like(labels)).long().unsqueeze(-1)  # (n, 1)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    per_token = torch.where(valid, lse - x.gather(-1, safe).squeeze(-1) + z_loss * lse.square(), zero)  # (n,)
+    scale = torch.where(valid, 1.0 + 2.0 * z_loss * lse, zero)  # (n,)
+    grad = (x - lse.unsqueeze(-1)).exp_().mul_(scale.unsqueeze(-1))  # (n, V): softmax * scale
+    # Out of place: an in-place scatter cannot keep a vocab-sharded DTensor's placement.
+    grad = grad.scatter_add(-1, safe, -valid.to(x.dtype).unsqueeze(-1))  # - onehot(y) on valid rows
+    return per_token.sum(), grad.to(logits.dtype)
 
 
 def _chunks(h: Tensor, y: Tensor, size: int):

@@ -25,7 +25,7 @@ from .timing import percentile
 from .variants import build_variant
 
 
-def _rss(field: str = "VmRSS") -> int:
+def rss_bytes(field: str = "VmRSS") -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
@@ -41,9 +41,9 @@ def memory_child(s: Setup, name: str, *, warmup: int = 2, steps: int = 3) -> Dic
     # parent runs this under a fixed `MALLOC_MMAP_THRESHOLD_`, so freed tensors leave RSS.
     # `getrusage(RUSAGE_SELF).ru_maxrss` cannot serve: it counts the compiler's peak, and Linux
     # carries it across fork + exec (a child reports its parent's peak).
-    rss_start = _rss()
+    rss_start = rss_bytes()
     v = build_variant(name, s)
-    rss_state = _rss()
+    rss_state = rss_bytes()
     first = time.perf_counter()
     v.step()
     first = time.perf_counter() - first
@@ -58,12 +58,12 @@ def memory_child(s: Setup, name: str, *, warmup: int = 2, steps: int = 3) -> Dic
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     else:
-        base = _rss()
+        base = rss_bytes()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current RSS
     for _ in range(steps):
         v.step()
-    peak = torch.cuda.max_memory_allocated() if cuda else _rss("VmHWM")
+    peak = torch.cuda.max_memory_allocated() if cuda else rss_bytes("VmHWM")
     out.update(kind="cuda_allocated" if cuda else "cpu_rss", baseline_bytes=base, peak_bytes=peak,
                transient_bytes=peak - base)
     return out

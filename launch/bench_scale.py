@@ -1,0 +1,124 @@
+"""How the training step scales: loss memory with the vocabulary, compile time with depth and microbatches.
+
+    python launch/bench_scale.py --loss-memory                  # plain vs chunked LM-head loss, vocab 32K and 128K
+    python launch/bench_scale.py --compile-depth 4,12,24        # cold first step of llama3_tiny at 4, 12, 24 layers
+    python launch/bench_scale.py --compile-microbatches 1,4,16  # cold first step with 1, 4, 16 microbatches
+    python launch/bench_scale.py --loss-memory --compile-depth 4,12,24 --markdown /tmp/scale.md
+
+Every figure comes from its own fresh process (an empty Inductor cache for compile times; glibc's
+mmap threshold pinned at 64 KiB for memory, so freed tensors leave the resident set), and each
+section is reported as ratios to its first row. `--scan` adds `scan_layers=True` rows to the depth
+section; `--backend xla` compiles with torch_xla on a virtual CPU device instead of Inductor.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+TAG = "BENCH_SCALE_RESULT "
+VOCABS = (32768, 131072)
+
+
+def _child(spec):
+    """Run one measurement (`spec`: a dict) in a fresh process; return its result dict."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    with tempfile.TemporaryDirectory(prefix="ember_scale_") as cache:
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
+        if spec.get("backend") == "xla":
+            env.update(PJRT_DEVICE=env.get("PJRT_DEVICE", "CPU"), CPU_NUM_DEVICES="1")
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                              env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith(TAG):
+            return json.loads(line[len(TAG):])
+    raise RuntimeError(f"measurement {spec} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _run_child(spec):
+    if spec["what"] == "loss_memory":
+        from ember.launch.benchmark.scaling import loss_memory_child
+
+        return loss_memory_child(spec["variant"], vocab=spec["vocab"], tokens=spec["tokens"],
+                                 d_model=spec["d_model"], chunk_size=spec["chunk_size"])
+    from ember.launch.benchmark.scaling import compile_child
+    from ember.launch.run_config import parse_cli
+
+    overrides = [f"--{k}={v}" for k, v in spec["overrides"].items()]
+    return {**compile_child(parse_cli(spec["config"], overrides), backend=spec["backend"]), **spec["overrides"]}
+
+
+def loss_memory(args):
+    rows = ["| vocab | loss | transient MiB | vs plain | whole fp32 logits MiB |", "|---:|---|---:|---:|---:|"]
+    for vocab in VOCABS:
+        plain = None
+        for variant in ("plain", "chunked"):
+            r = _child(dict(what="loss_memory", variant=variant, vocab=vocab, tokens=args.tokens,
+                            d_model=args.d_model, chunk_size=args.chunk_size))
+            plain = plain or r["transient_bytes"]
+            name = "plain" if variant == "plain" else f"chunked ({args.chunk_size} tokens)"
+            rows.append(f"| {vocab:,} | {name} | {r['transient_bytes'] / 2**20:,.0f} | "
+                        f"{r['transient_bytes'] / plain:.2f}x | {r['logits_bytes'] / 2**20:,.0f} |")
+            print(rows[-1], flush=True)
+    return (f"Loss + gradient w.r.t. hidden states and head weight, compiled (Inductor), {args.tokens} tokens, "
+            f"d_model {args.d_model}:", rows)
+
+
+def compile_scaling(args, field, values, label):
+    rows = [f"| {label} | scan_layers | first step (s) | vs first row |", "|---:|---|---:|---:|"]
+    first = None
+    for scan in ([False, True] if args.scan and field == "model.n_layers" else [False]):
+        for v in values:
+            overrides = {field: v, **({"model.scan_layers": True} if scan else {})}
+            if field == "microbatches":
+                overrides["data.batch_size"] = max(values)
+            r = _child(dict(what="compile", config=args.config, backend=args.backend, overrides=overrides))
+            first = first or r["first_call_s"]
+            rows.append(f"| {v} | {scan} | {r['first_call_s']:.1f} | {r['first_call_s'] / first:.2f}x |")
+            print(rows[-1], flush=True)
+    return f"Cold first step of `{args.config}` ({args.backend}), empty compile cache:", rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--loss-memory", action="store_true", help="plain vs chunked loss memory at vocab 32K and 128K")
+    p.add_argument("--tokens", type=int, default=4096, help="tokens in the loss-memory batch")
+    p.add_argument("--d-model", type=int, default=256, help="hidden width in the loss-memory measurement")
+    p.add_argument("--chunk-size", type=int, default=512, help="tokens per chunk of the chunked loss")
+    p.add_argument("--compile-depth", help="comma-separated n_layers for cold compile times")
+    p.add_argument("--compile-microbatches", help="comma-separated microbatch counts for cold compile times")
+    p.add_argument("--scan", action="store_true", help="also time the depths with scan_layers=True")
+    p.add_argument("--config", default="llama3_tiny", help="registered run config for compile times")
+    p.add_argument("--backend", choices=["inductor", "xla"], default="inductor")
+    p.add_argument("--markdown", help="also write the tables to this file")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(TAG + json.dumps(_run_child(json.loads(args.child))), flush=True)
+        return None
+    import torch
+
+    sections = []
+    if args.loss_memory:
+        sections.append(loss_memory(args))
+    if args.compile_depth:
+        sections.append(compile_scaling(args, "model.n_layers", [int(x) for x in args.compile_depth.split(",")],
+                                        "layers"))
+    if args.compile_microbatches:
+        sections.append(compile_scaling(args, "microbatches", [int(x) for x in args.compile_microbatches.split(",")],
+                                        "microbatches"))
+    if not sections:
+        p.error("choose at least one of --loss-memory, --compile-depth, --compile-microbatches")
+    text = f"torch {torch.__version__}, {os.cpu_count()} CPU cores.\n\n" + "\n\n".join(
+        title + "\n\n" + "\n".join(rows) for title, rows in sections)
+    print("\n" + text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    return sections
+
+
+if __name__ == "__main__":
+    main()

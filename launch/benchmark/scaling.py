@@ -1,0 +1,90 @@
+"""Child-process measurements for `launch/bench_scale.py`: loss memory and cold compile time.
+
+Public names: `loss_memory_child`, `compile_child`.
+
+Each runs in a fresh process (started by `bench_scale.py` with a pinned `MALLOC_MMAP_THRESHOLD_`, so
+freed tensors leave the resident set, and with its own empty Inductor cache for compile times).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any, Dict
+
+import torch
+
+from ember.core import TrainState, jit, random
+from ember.core.step_fns import chunked_cross_entropy, cross_entropy, train_step
+from ember.core.transforms import value_and_grad
+
+from .children import rss_bytes
+
+
+def loss_memory_child(variant: str, *, vocab: int, tokens: int, d_model: int, chunk_size: int,
+                      backend: str = "inductor") -> Dict[str, Any]:
+    """Transient memory at peak of the compiled loss + gradient w.r.t. hidden states and head weight.
+
+    `variant` is `plain` (whole `(tokens, vocab)` fp32 logits, `cross_entropy`) or `chunked`
+    (`chunked_cross_entropy`, `chunk_size` tokens at a time). CPU: VmHWM reset after warm-up minus
+    RSS before the measured call; GPU: `max_memory_allocated` minus `memory_allocated`.
+    """
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    k = random.split(random.key(0), 3)
+    leaves = {"hidden": random.normal(k[0], (tokens, d_model)).to(device),
+              "weight": (random.normal(k[1], (vocab, d_model)) * 0.02).to(device)}
+    labels = random.randint(k[2], (tokens,), 0, vocab).to(device)
+
+    def head(p, h):
+        return h @ p["weight"].T
+
+    def loss(p):
+        if variant == "plain":
+            return cross_entropy(head(p, p["hidden"]), labels, reduction="sum_and_count").mean()
+        out = chunked_cross_entropy(head, {"weight": p["weight"]}, p["hidden"], labels, chunk_size=chunk_size)
+        return out.mean()
+
+    fn = value_and_grad(loss)
+    fn = jit(fn, backend=backend) if backend != "eager" else fn
+    for _ in range(2):  # compile, then one warm call
+        out = fn(leaves)
+    del out
+    gc.collect()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        base = rss_bytes()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+    out = fn(leaves)
+    if cuda:
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() if cuda else rss_bytes("VmHWM")
+    return {"variant": variant, "vocab": vocab, "tokens": tokens, "d_model": d_model, "chunk_size": chunk_size,
+            "transient_bytes": peak - base, "logits_bytes": tokens * vocab * 4, "loss": float(out[0])}
+
+
+def compile_child(config: Any, *, backend: str = "inductor") -> Dict[str, Any]:
+    """Seconds of the first call of the compiled train step (trace + compile + run) for `config`."""
+    import ember.models as models
+    from ember import optim
+
+    model = models.build_model(config.family, config.model)
+    params = model.init(random.key(0))
+    b, t = config.data.batch_size, config.data.seq_len
+    tokens = random.randint(random.key(1), (b, t + 1), 0, config.model.vocab_size)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    state = TrainState.create(params=params, tx=optim.adamw(1e-3), key=random.key(2))
+    step = jit(train_step(models.lm_loss(model), microbatches=config.microbatches), backend=backend)
+    if backend == "xla":
+        from ember.core.device import device_for, to_device
+
+        dev = device_for("xla")
+        state, batch = to_device(state, dev), to_device(batch, dev)
+    start = time.perf_counter()
+    _, metrics = step(state, batch)
+    loss = float(metrics["loss"].cpu())  # host sync: the step has run
+    return {"first_call_s": time.perf_counter() - start, "loss": loss}
