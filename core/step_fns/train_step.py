@@ -192,17 +192,24 @@ def train_step(
     skip_nonfinite = bool(skip_nonfinite)
 
     def loss_and_grads(params: Params, batch: Batch, key: Optional[Key]):
-        """Gradients of one (micro)batch's summed total (`TokenLoss`) or mean loss, its count, aux."""
+        """Gradients and value of one (micro)batch's summed total (`TokenLoss`) or mean loss, its count, aux."""
 
         def objective(p: Params):
             out = loss_fn(tree_cast(p, compute_dtype), batch, key=key)
             loss, aux = split_loss_output(out, reserved=RESERVED_METRICS)
             if isinstance(loss, TokenLoss):
-                return loss.total.to(torch.float32), (aux, {"count": loss.count.to(torch.float32)})
+                # Differentiate this microbatch's mean, so gradients in a low-precision compute dtype
+                # keep a mean loss's scale; the sum is restored below, in `accumulate_dtype`.
+                count = loss.count.detach().to(torch.float32)
+                return loss.total.to(torch.float32) / count.clamp(min=1.0), (aux, {"count": count})
             return loss.to(torch.float32), (aux, {})
 
         (value, (aux, count)), grads = value_and_grad(objective, has_aux=True)(params)
-        return tree_cast(grads, accumulate_dtype), value, count.get("count"), _aux_f32(aux)
+        grads = tree_cast(grads, accumulate_dtype)
+        if "count" not in count:
+            return grads, value, None, _aux_f32(aux)
+        weight = count["count"].clamp(min=1.0)
+        return tree_map(lambda g: g * weight.to(g.dtype), grads), value * weight, count["count"], _aux_f32(aux)
 
     def accumulate(params: Params, batch: Batch, step_key: Optional[Key]):
         batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
