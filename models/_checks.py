@@ -47,24 +47,22 @@ def _divisors(n: int) -> list:
 
 def check_positive(cfg: Any, *names: str) -> None:
     """Each field in `names` must be a positive int."""
-    cls = type(cfg).__name__
-    for name in names:
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{cls}.{name} must be an int, got {type(v).__name__} {v!r}.")
-        if v <= 0:
-            raise ValueError(f"{cls}.{name} must be positive, got {v}.")
+    _check_ints(cfg, names, minimum=1, what="positive")
 
 
 def check_non_negative(cfg: Any, *names: str) -> None:
-    """Each field in `names` must be an int >= 0."""
+    """Each field in `names` must be an int >= 0 (0 meaning off)."""
+    _check_ints(cfg, names, minimum=0, what=">= 0 (0 turns it off)")
+
+
+def _check_ints(cfg: Any, names: Sequence[str], *, minimum: int, what: str) -> None:
     cls = type(cfg).__name__
     for name in names:
         v = getattr(cfg, name)
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{cls}.{name} must be an int, got {type(v).__name__} {v!r}.")
-        if v < 0:
-            raise ValueError(f"{cls}.{name} must be >= 0 (0 turns it off), got {v}.")
+        if v < minimum:
+            raise ValueError(f"{cls}.{name} must be {what}, got {v}.")
 
 
 def check_divides(cfg: Any, small: str, big: str, *, why: str) -> None:

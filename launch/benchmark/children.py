@@ -1,6 +1,6 @@
 """Measurements that need a fresh process: transient memory, first-call time, and ember under torch_xla.
 
-Public names: `memory_child`, `first_call_child`, `xla_child`.
+Public names: `memory_child`, `memory_peak`, `first_call_child`, `xla_child`, `rss_bytes`.
 
 `launch/bench.py --child ...` runs one of these and prints its dict as JSON on stdout.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 
@@ -54,19 +54,26 @@ def memory_child(s: Setup, name: str, *, warmup: int = 2, steps: int = 3) -> Dic
     out: Dict[str, Any] = {"variant": name, "state_bytes": v.state_bytes(), "rss_before_state": rss_start,
                            "rss_after_state": rss_state, "first_call_s": first}
     cuda = v.device == "cuda"
+    base, peak = memory_peak(lambda: [v.step() for _ in range(steps)], cuda=cuda)
+    out.update(kind="cuda_allocated" if cuda else "cpu_rss", baseline_bytes=base, peak_bytes=peak,
+               transient_bytes=peak - base)
+    return out
+
+
+def memory_peak(run: Callable[[], Any], *, cuda: bool) -> Tuple[int, int]:
+    """`(bytes held before run(), peak bytes during it)`: CUDA allocator stats, or RSS and VmHWM on CPU."""
     if cuda:
+        torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     else:
         base = rss_bytes()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current RSS
-    for _ in range(steps):
-        v.step()
-    peak = torch.cuda.max_memory_allocated() if cuda else rss_bytes("VmHWM")
-    out.update(kind="cuda_allocated" if cuda else "cpu_rss", baseline_bytes=base, peak_bytes=peak,
-               transient_bytes=peak - base)
-    return out
+    run()
+    if cuda:
+        torch.cuda.synchronize()
+    return base, torch.cuda.max_memory_allocated() if cuda else rss_bytes("VmHWM")
 
 
 def first_call_child(s: Setup, name: str) -> Dict[str, Any]:

@@ -18,7 +18,7 @@ from ember.core import TrainState, jit, random
 from ember.core.step_fns import chunked_cross_entropy, cross_entropy, train_step
 from ember.core.transforms import value_and_grad
 
-from .children import rss_bytes
+from .children import memory_peak
 
 
 def loss_memory_child(variant: str, *, vocab: int, tokens: int, d_model: int, chunk_size: int,
@@ -47,24 +47,12 @@ def loss_memory_child(variant: str, *, vocab: int, tokens: int, d_model: int, ch
     fn = value_and_grad(loss)
     fn = jit(fn, backend=backend) if backend != "eager" else fn
     for _ in range(2):  # compile, then one warm call
-        out = fn(leaves)
-    del out
+        fn(leaves)
     gc.collect()
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        base = rss_bytes()
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-    out = fn(leaves)
-    if cuda:
-        torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() if cuda else rss_bytes("VmHWM")
+    out = []
+    base, peak = memory_peak(lambda: out.append(fn(leaves)), cuda=device.type == "cuda")
     return {"variant": variant, "vocab": vocab, "tokens": tokens, "d_model": d_model, "chunk_size": chunk_size,
-            "transient_bytes": peak - base, "logits_bytes": tokens * vocab * 4, "loss": float(out[0])}
+            "transient_bytes": peak - base, "logits_bytes": tokens * vocab * 4, "loss": float(out[0][0])}
 
 
 def compile_child(config: Any, *, backend: str = "inductor") -> Dict[str, Any]:
