@@ -19,7 +19,6 @@ import sys
 import tempfile
 
 TAG = "BENCH_SCALE_RESULT "
-VOCABS = (32768, 131072)
 
 
 def _child(spec):
@@ -52,7 +51,7 @@ def _run_child(spec):
 
 def loss_memory(args):
     rows = ["| vocab | loss | transient MiB | vs plain | whole fp32 logits MiB |", "|---:|---|---:|---:|---:|"]
-    for vocab in VOCABS:
+    for vocab in [int(v) for v in args.vocabs.split(",")]:
         plain = None
         for variant in ("plain", "chunked"):
             r = _child(dict(what="loss_memory", variant=variant, vocab=vocab, tokens=args.tokens,
@@ -84,6 +83,7 @@ def compile_scaling(args, field, values, label):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--loss-memory", action="store_true", help="plain vs chunked loss memory at vocab 32K and 128K")
+    p.add_argument("--vocabs", default="32768,131072", help="comma-separated vocabulary sizes for --loss-memory")
     p.add_argument("--tokens", type=int, default=4096, help="tokens in the loss-memory batch")
     p.add_argument("--d-model", type=int, default=256, help="hidden width in the loss-memory measurement")
     p.add_argument("--chunk-size", type=int, default=512, help="tokens per chunk of the chunked loss")
