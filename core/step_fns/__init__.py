@@ -1,7 +1,8 @@
 """ember.core.step_fns: pure step builders, the losses they use, and sampling.
 
 Public names: `train_step`, `eval_step`, `split_microbatches`, `TokenLoss`, `cross_entropy`,
-`chunked_cross_entropy`, `sample_token`, `generate`. The outer loop (`train_loop`, `evaluate`) is run machinery: `ember.launch.loop`.
+`chunked_cross_entropy`, `sample_token`, `generate`. The outer loop (`train_loop`, `evaluate`) is
+run machinery: `ember.launch.loop`.
 """
 
 from .chunked_loss import chunked_cross_entropy as chunked_cross_entropy

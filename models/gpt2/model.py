@@ -278,7 +278,7 @@ class GPT2(Module):
             (B, T, vocab_size) float32 logits.
         """
         name, head = self.head()
-        return head(params[name], self.features(params, tokens, key=key, **kwargs)).float()  # (B, T, V)
+        return head(params[name], self.features(params, tokens, key=key, **kwargs), **kwargs).float()  # (B, T, V)
 
     def features(self, params: Params, tokens: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """The final hidden states `(B, T, d)` (after `ln_f`), before the output projection; as `apply`."""
@@ -291,6 +291,6 @@ class GPT2(Module):
         x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
         return self.call("ln_f", params, x, **kwargs)
 
-    def head(self) -> Tuple[str, Callable[[Params, Tensor], Tensor]]:
-        """The output projection as `(name, fn)`: `fn(params[name], h) -> logits`; tied to `wte`."""
-        return "wte", self.children["wte"].attend
+    def head(self) -> Tuple[str, Callable[..., Tensor]]:
+        """The output projection as `(name, fn)`: `fn(params[name], h, **kwargs) -> logits`; tied to `wte`."""
+        return "wte", lambda p, h, **kwargs: self.children["wte"].attend(p, h)

@@ -292,7 +292,7 @@ class Llama3(Module):
             (B, T, vocab_size) float32 logits.
         """
         name, head = self.head()
-        return head(params[name], self.features(params, tokens, key=key, **kwargs)).float()  # (B, T, V)
+        return head(params[name], self.features(params, tokens, key=key, **kwargs), **kwargs).float()  # (B, T, V)
 
     def features(self, params: Params, tokens: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """The final hidden states `(B, T, d)` (after `ln_f`), before the output projection; as `apply`."""
@@ -303,8 +303,8 @@ class Llama3(Module):
         x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
         return self.call("ln_f", params, x, **kwargs)
 
-    def head(self) -> Tuple[str, Callable[[Params, Tensor], Tensor]]:
-        """The output projection as `(name, fn)`: `fn(params[name], h) -> logits`, `(..., d) -> (..., V)`."""
+    def head(self) -> Tuple[str, Callable[..., Tensor]]:
+        """The output projection as `(name, fn)`: `fn(params[name], h, **kwargs) -> logits`, `(..., d) -> (..., V)`."""
         if self.config.tie_embeddings:
-            return "wte", self.children["wte"].attend
-        return "lm_head", lambda p, h: self.call("lm_head", {"lm_head": p}, h)
+            return "wte", lambda p, h, **kwargs: self.children["wte"].attend(p, h)
+        return "lm_head", lambda p, h, **kwargs: self.call("lm_head", {"lm_head": p}, h, **kwargs)

@@ -43,7 +43,8 @@ def chunked_loss(seed):
     targets = tokens[:, 1:].clone()
     targets[:2, :7] = -100
     batch = {"inputs": tokens[:, :-1], "targets": targets}
-    return "tp=2", lm_loss(plain, z_loss=1e-4), lm_loss(chunked, z_loss=1e-4), plain.init(random.key(seed)), batch, plain.axes
+    params = plain.init(random.key(seed))
+    return "tp=2", lm_loss(plain, z_loss=1e-4), lm_loss(chunked, z_loss=1e-4), params, batch, plain.axes
 
 
 CASES = {"token_weighting": token_weighting, "chunked_loss": chunked_loss}
