@@ -179,6 +179,9 @@ def _worker(rank: int, world: int, out: str, meshes: list, steps: int, compiled:
         if rank == 0:
             with open(os.path.join(out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
+        # Every rank's collectives finish before the group goes: once in CI, rank 1 aborted at exit
+        # ("terminate called without an active exception") after all results were written.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -101,6 +101,7 @@ def _dtensor_worker(rank: int, case: str, out: str) -> None:
         if rank == 0:
             with open(os.path.join(out, "results.json"), "w") as f:
                 json.dump(results, f)
+        dist.barrier()  # every rank's collectives finish before the group goes (see _dtensor_worker.py)
     finally:
         dist.destroy_process_group()
 
