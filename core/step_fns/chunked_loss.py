@@ -5,9 +5,8 @@ Public names: `chunked_cross_entropy`.
 The tokens are cut into chunks of `chunk_size`. Each chunk's logits are computed, reduced to its
 loss and, when gradients are being taken, differentiated at once (the head with `torch.func.vjp`,
 the cross-entropy in closed form) on detached inputs, so only one chunk's logits and their gradient
-are alive at a time. The gradients reach
-the caller's transform through a surrogate whose value is the loss and whose gradient is the one
-computed chunk by chunk: `loss + sum(x * g) - stop_gradient(sum(x * g))`. That is plain autograd,
+are alive at a time. The gradients reach the caller's transform through a surrogate whose value is
+the loss and whose gradient is the one computed chunk by chunk: `loss + sum(x * g) - stop_gradient(sum(x * g))`. That is plain autograd,
 so it works under `torch.func.grad`, `torch.compile(fullgraph=True)`, torch_xla and DTensor; it
 gives exact first-order gradients only (no gradient of the gradient through it).
 """

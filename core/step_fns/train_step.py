@@ -199,38 +199,36 @@ def train_step(
             loss, aux = split_loss_output(out, reserved=RESERVED_METRICS)
             if isinstance(loss, TokenLoss):
                 # Differentiate this microbatch's mean, so gradients in a low-precision compute dtype
-                # keep a mean loss's scale; the sum is restored below, in `accumulate_dtype`.
+                # keep a mean loss's scale; with microbatches, `accumulate` restores the sum in
+                # `accumulate_dtype`.
                 count = loss.count.detach().to(torch.float32)
                 return loss.total.to(torch.float32) / count.clamp(min=1.0), (aux, {"count": count})
             return loss.to(torch.float32), (aux, {})
 
         (value, (aux, count)), grads = value_and_grad(objective, has_aux=True)(params)
-        grads = tree_cast(grads, accumulate_dtype)
-        if "count" not in count:
-            return grads, value, None, _aux_f32(aux)
-        weight = count["count"].clamp(min=1.0)
-        return tree_map(lambda g: g * weight.to(g.dtype), grads), value * weight, count["count"], _aux_f32(aux)
+        return tree_cast(grads, accumulate_dtype), value, count.get("count"), _aux_f32(aux)
 
     def accumulate(params: Params, batch: Batch, step_key: Optional[Key]):
         batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
-        if microbatches == 1:
-            grads, value, count, aux = loss_and_grads(params, batch, step_key)
-        else:
-            # A Python loop: it unrolls at trace time into `microbatches` forward/backward passes.
-            for i, chunk in enumerate(split_microbatches(batch, microbatches)):
-                key_i = fold_in(step_key, i) if step_key is not None else None
-                parts = loss_and_grads(params, chunk, key_i)
-                if i == 0:
-                    grads, value, count, aux = parts
-                    continue
-                grads = tree_add(grads, parts[0])
-                value = value + parts[1]
-                count = count + parts[2] if count is not None else None
-                aux = {k: aux[k] + parts[3][k] for k in aux}
-            aux = {k: v / microbatches for k, v in aux.items()}
+        if microbatches == 1:  # the batch's own mean (token-weighted for a TokenLoss) is the answer
+            return loss_and_grads(params, batch, step_key)
+        # A Python loop: it unrolls at trace time into `microbatches` forward/backward passes.
+        for i, chunk in enumerate(split_microbatches(batch, microbatches)):
+            key_i = fold_in(step_key, i) if step_key is not None else None
+            grads_i, value_i, count_i, aux_i = loss_and_grads(params, chunk, key_i)
+            if count_i is not None:  # token-weighted: back from this microbatch's mean to its sum
+                weight = count_i.clamp(min=1.0)
+                grads_i, value_i = tree_map(lambda g: g * weight.to(g.dtype), grads_i), value_i * weight
+            if i == 0:
+                grads, value, count, aux = grads_i, value_i, count_i, aux_i
+                continue
+            grads = tree_add(grads, grads_i)
+            value = value + value_i
+            count = count + count_i if count is not None else None
+            aux = {k: aux[k] + aux_i[k] for k in aux}
+        aux = {k: v / microbatches for k, v in aux.items()}
         if count is not None:
-            # Token-weighted: the summed totals are divided once by every valid token of the step
-            # (no token at all gives 0, not NaN).
+            # The summed totals are divided once by every valid token of the step (none gives 0, not NaN).
             denom = count.clamp(min=1.0)
             return tree_map(lambda g: g / denom.to(g.dtype), grads), value / denom, count, aux
         scale = 1.0 / microbatches  # mean losses: the mean of the microbatches' means
