@@ -1,6 +1,6 @@
 """ember.core: the kernel: pytrees, keys, transforms, jit, TrainState, mesh, protocols, testing helpers.
 
-Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `scan`,
+Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `checkpoint_name`, `scan`,
 `stack_trees`, `unstack_trees`, `device_for`, `to_device`, `Mesh`, `MeshError`, and the modules
 `pytree`, `random`, `tree_math`, `testing`, `step_fns`, `partition_specs`, `types`.
 
@@ -25,6 +25,7 @@ from .jit import jit as jit
 from .mesh import Mesh as Mesh
 from .mesh import MeshError as MeshError
 from .train_state import TrainState as TrainState
+from .transforms import checkpoint_name as checkpoint_name
 from .transforms import grad as grad
 from .transforms import remat as remat
 from .transforms import scan as scan
@@ -46,6 +47,7 @@ __all__ = [
     "Params",
     "PyTree",
     "TrainState",
+    "checkpoint_name",
     "device_for",
     "grad",
     "jit",

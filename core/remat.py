@@ -19,18 +19,18 @@ How it works:
   against 297 MiB under `torch.autograd.grad`). remat's backward therefore recomputes one level
   down, where nothing is recorded for that level but outer levels still are (grad of grad stays
   exact); with remat the same step peaks at 97 MiB (`python tests/core/remat_memory.py`).
-- Under `torch.compile`, Dynamo cannot trace a custom `autograd.Function` inside
-  `torch.func.grad` (torch 2.9), so the block goes through
-  `torch.utils.checkpoint(use_reentrant=False)`, which Dynamo captures as its checkpoint
-  higher-order op; gradients are identical. When the compiled function is differentiated by
-  ordinary autograd (`loss.backward()` outside the compiled region), the partitioner recomputes
-  the block in the backward graph. When the gradient is taken *inside* the compiled region
-  (`jit(grad(loss))`, ember's train step), forward and backward are one inference graph and
-  torch 2.9 ignores the checkpoint tags (same matmul count with and without remat): remat then
-  costs nothing and saves nothing. torch 2.15 fails on them there, so from 2.10 on Dynamo sees
-  the plain block (the same graph 2.9 ran).
-- torch_xla's lazy tensors take the eager path (gradients checked on XLA CPU); the memory saving
-  there is unmeasured (XLA can merge a recomputation with the forward by CSE).
+- Compiled by `ember.core.jit` (the step traced with `make_fx`, gradient inside): the
+  recomputation is part of the traced graph, tied to the incoming gradient by a barrier
+  (`remat_barrier.py`) so that neither common-subexpression elimination nor the scheduler folds
+  it back into the forward; Inductor then frees each block's activations after its forward.
+  Measured in `tests/core/remat_memory.py --jit` and BENCHMARKS.md ("How the step scales").
+- Policies (`policy=`, see `remat_policies.py`) keep chosen results (matmul outputs, tagged
+  tensors) instead of recomputing them.
+- Under Dynamo (`torch.compile` of a function that calls remat) the block goes through
+  `torch.utils.checkpoint` on torch 2.9 and runs plainly from 2.10 on (2.15 fails on the
+  checkpoint op under `torch.func.grad`): gradients are the same, memory is not saved there.
+- On torch_xla the block takes the eager path; an optimization barrier keeps XLA from merging the
+  recomputation with the forward.
 - Forward mode (`torch.func.jvp`, `jacfwd`, `hessian`) works; `torch.autograd.forward_ad` does
   not (torch refuses nested forward AD).
 
@@ -54,6 +54,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
@@ -63,6 +64,8 @@ from torch import Tensor
 
 from .compat import functorch as _levels
 from .pytree import tree_flatten, tree_unflatten
+from .remat_barrier import tie_to_gradient
+from .remat_policies import Record, RematPolicy, Replay, flatten_saved, remat_policy, unflatten_saved
 from .types import PyTree
 
 __all__ = ["remat"]
@@ -84,8 +87,11 @@ class _Plan:
     the output structure each time it executes the block.
     """
 
-    def __init__(self, call: Callable[[Sequence[Tensor]], PyTree]) -> None:
+    def __init__(self, call: Callable[[Sequence[Tensor]], PyTree], policy: RematPolicy) -> None:
         self.call = call
+        self.policy = policy
+        self.kept: List[Tensor] = []  # what the policy keeps, handed from forward to setup_context
+        self.kept_layout: Any = ([], [])
         self.out_spec: Any = None
         self.out_leaves: List[Any] = []
         self.out_tensor_idx: List[int] = []
@@ -114,15 +120,22 @@ class _RematFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(plan: _Plan, *tensors: Tensor) -> Tuple[Tensor, ...]:
-        # An input returned as-is cannot also be saved under setup_context: return a view.
-        inputs = {id(t) for t in tensors}
-        return tuple(t.view_as(t) if id(t) in inputs else t for t in plan.run(tensors))
+        if plan.policy.saves_anything:
+            with Record(plan.policy) as record:
+                outs = plan.run(tensors)
+            keys, structures, plan.kept = flatten_saved(record.saved)
+            plan.kept_layout = (keys, structures)
+        else:
+            outs = plan.run(tensors)
+        # An input (or a kept result) returned as-is cannot also be saved under setup_context: return a view.
+        saved = {id(t) for t in (*tensors, *plan.kept)}
+        return tuple(t.view_as(t) if id(t) in saved else t for t in outs)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, ...]) -> None:
         plan, *tensors = inputs
         ctx.plan = plan
-        ctx.save_for_backward(*tensors)
+        ctx.save_for_backward(*tensors, *plan.kept)
         ctx.save_for_forward(*tensors)
         nondiff = [t for t in output if not _differentiable(t)]
         if nondiff:
@@ -159,7 +172,7 @@ class _RematFunction(torch.autograd.Function):
         # Forward mode (`torch.func.jvp`, `jacfwd`) has nothing to save: push the tangents
         # through the block once more.
         plan: _Plan = ctx.plan
-        primals = ctx.saved_tensors
+        primals = ctx.saved_tensors[: len(tangents)]
         tangents = tuple(
             torch.zeros_like(p) if t is None or not _differentiable(p) else t
             for p, t in zip(primals, tangents)
@@ -184,14 +197,21 @@ def _recompute_vjp(
     grad_outputs: Sequence[Optional[Tensor]],
     needs: Sequence[bool],
 ) -> List[Optional[Tensor]]:
-    """Re-run the block on `saved` under `torch.func.vjp` and pull `grad_outputs` back."""
+    """Re-run the block on `saved` under `torch.func.vjp` and pull `grad_outputs` back.
+
+    `saved` is the block's inputs followed by what the policy kept, which the recomputation takes
+    back instead of running those ops again.
+    """
+    saved, kept = tie_to_gradient(saved[: len(needs)], grad_outputs), saved[len(needs):]
+    replay = Replay(unflatten_saved(*plan.kept_layout, kept)) if kept else contextlib.nullcontext()
     diff_in = [i for i, t in enumerate(saved) if needs[i] and _differentiable(t)]
 
     def recompute(*diff_tensors: Tensor) -> Tuple[Tensor, ...]:
         tensors = list(saved)
         for i, t in zip(diff_in, diff_tensors):
             tensors[i] = t
-        outs = plan.run(tensors)
+        with replay:
+            outs = plan.run(tensors)
         return tuple(outs[j] for j in plan.diff_out)
 
     outs, vjp_fn = torch.func.vjp(recompute, *(saved[i] for i in diff_in))
@@ -218,7 +238,12 @@ def _normalise_static_argnums(static_argnums: Union[int, Sequence[int]]) -> Tupl
     return tuple(static_argnums)
 
 
-def remat(fn: Callable, *, static_argnums: Union[int, Sequence[int]] = ()) -> Callable:
+def remat(
+    fn: Callable,
+    *,
+    policy: Union[str, RematPolicy, bool] = "full",
+    static_argnums: Union[int, Sequence[int]] = (),
+) -> Callable:
     """Wrap `fn` so its activations are recomputed in the backward pass instead of stored.
 
     Works eagerly with ordinary autograd, nested in `grad` / `value_and_grad` / `vmap`
@@ -227,6 +252,10 @@ def remat(fn: Callable, *, static_argnums: Union[int, Sequence[int]] = ()) -> Ca
 
     Args:
         fn: a pure function of pytrees of tensors; it may return any pytree.
+        policy: what to keep besides the inputs (`ember.core.remat_policies`): `"full"` (nothing),
+            `"dots_saveable"` (matmul outputs), `"dots_with_no_batch_dims_saveable"`,
+            `"save:<tag>,..."` / `save_names(...)` (tensors tagged with `checkpoint_name`), or
+            `"none"` (return `fn` itself: no remat).
         static_argnums: positional arguments passed through as they are, never flattened
             (Python flags, config objects, callables; negative indices count from the end).
 
@@ -235,6 +264,7 @@ def remat(fn: Callable, *, static_argnums: Union[int, Sequence[int]] = ()) -> Ca
 
     Raises:
         TypeError: `static_argnums` is not an int or a tuple of ints.
+        ValueError: an unknown policy name (the nearest names are listed).
         ValueError: at call time, a `static_argnums` index has no matching positional argument.
 
     Example:
@@ -250,6 +280,9 @@ def remat(fn: Callable, *, static_argnums: Union[int, Sequence[int]] = ()) -> Ca
         (72.0, torch.Size([4, 3]))
     """
     static = _normalise_static_argnums(static_argnums)
+    chosen = remat_policy(policy)
+    if chosen is None:
+        return fn
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
 
     @functools.wraps(fn)
@@ -286,7 +319,7 @@ def remat(fn: Callable, *, static_argnums: Union[int, Sequence[int]] = ()) -> Ca
             return torch.utils.checkpoint.checkpoint(
                 lambda *ts: call(ts), *tensors, use_reentrant=False, preserve_rng_state=False
             )
-        plan = _Plan(call)
+        plan = _Plan(call, chosen)
         outs = _RematFunction.apply(plan, *tensors)
         return plan.rebuild(outs)
 

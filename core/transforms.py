@@ -1,10 +1,12 @@
 """Function transforms: gradients, vectorisation, activation checkpointing and loops.
 
-Public names: `grad`, `value_and_grad`, `vmap`, `remat`, `scan`, `stack_trees`, `unstack_trees`.
+Public names: `grad`, `value_and_grad`, `vmap`, `remat`, `checkpoint_name`, `scan`, `stack_trees`,
+`unstack_trees`.
 
 `grad`, `value_and_grad` and `vmap` are thin layers over `torch.func` with JAX's calling
 conventions (`value_and_grad` returns `(value, grads)`, not torch's `(grads, value)`) and errors
-that say what the function returned and how to fix it. `remat` lives in `ember.core.remat`,
+that say what the function returned and how to fix it. `remat` lives in `ember.core.remat` (its
+policies and `checkpoint_name` in `ember.core.remat_policies`),
 `scan` / `stack_trees` / `unstack_trees` in `ember.core.scan`; import all of them from here.
 
 Every transform traces whole under `torch.compile(fullgraph=True)`: the checks look only at the
@@ -32,11 +34,13 @@ import torch
 
 from .pytree import tree_leaves, tree_leaves_with_path
 from .remat import remat as remat
+from .remat_policies import checkpoint_name as checkpoint_name
 from .scan import scan as scan
 from .scan import stack_trees as stack_trees
 from .scan import unstack_trees as unstack_trees
 
 __all__ = [
+    "checkpoint_name",
     "grad",
     "remat",
     "scan",

@@ -1,8 +1,11 @@
-"""How the training step scales: loss memory with the vocabulary, compile time with depth and microbatches.
+"""How the training step scales: loss memory with the vocabulary, step memory with the remat policy,
+compile time with depth and microbatches.
 
     python launch/bench_scale.py --loss-memory                  # plain vs chunked LM-head loss, vocab 32K and 128K
     python launch/bench_scale.py --compile-depth 4,12,24        # cold first step of llama3_tiny at 4, 12, 24 layers
     python launch/bench_scale.py --compile-microbatches 1,4,16  # cold first step with 1, 4, 16 microbatches
+    python launch/bench_scale.py --remat-memory none,full,dots_saveable --config llama3_125m \
+        --batch 4 --seq 512                                     # compiled step's peak memory per remat policy
     python launch/bench_scale.py --loss-memory --compile-depth 4,12,24 --markdown /tmp/scale.md
 
 Every figure comes from its own fresh process (an empty Inductor cache for compile times; glibc's
@@ -42,11 +45,32 @@ def _run_child(spec):
 
         return loss_memory_child(spec["variant"], vocab=spec["vocab"], tokens=spec["tokens"],
                                  d_model=spec["d_model"], chunk_size=spec["chunk_size"])
-    from ember.launch.benchmark.scaling import compile_child
+    from ember.launch.benchmark.scaling import compile_child, step_memory_child
     from ember.launch.run_config import parse_cli
 
-    overrides = [f"--{k}={v}" for k, v in spec["overrides"].items()]
-    return {**compile_child(parse_cli(spec["config"], overrides), backend=spec["backend"]), **spec["overrides"]}
+    config = parse_cli(spec["config"], [f"--{k}={v}" for k, v in spec["overrides"].items()])
+    if spec["what"] == "step_memory":
+        return {**step_memory_child(config), **spec["overrides"]}
+    return {**compile_child(config, backend=spec["backend"]), **spec["overrides"]}
+
+
+def _shape_overrides(args):
+    return {**({"data.batch_size": args.batch} if args.batch else {}), **({"data.seq_len": args.seq} if args.seq else {})}
+
+
+def remat_memory(args):
+    rows = ["| remat | transient MiB | vs first row | loss |", "|---|---:|---:|---:|"]
+    first = None
+    for policy in args.remat_memory.split(","):
+        r = _child(dict(what="step_memory", config=args.config,
+                        overrides={"model.remat": policy, **_shape_overrides(args)}))
+        first = first or r["transient_bytes"]
+        rows.append(f"| {policy} | {r['transient_bytes'] / 2**20:,.0f} | {r['transient_bytes'] / first:.2f}x | "
+                    f"{r['loss']:.6f} |")
+        print(rows[-1], flush=True)
+    shape = ", ".join(f"{k} {v}" for k, v in _shape_overrides(args).items())
+    return (f"Peak transient memory of the compiled train step of `{args.config}` ({shape or 'preset shape'}; "
+            "Inductor, AdamW, state donated; gradients included):", rows)
 
 
 def loss_memory(args):
@@ -89,6 +113,9 @@ def main(argv=None):
     p.add_argument("--chunk-size", type=int, default=512, help="tokens per chunk of the chunked loss")
     p.add_argument("--compile-depth", help="comma-separated n_layers for cold compile times")
     p.add_argument("--compile-microbatches", help="comma-separated microbatch counts for cold compile times")
+    p.add_argument("--remat-memory", help="comma-separated remat policies: the compiled step's peak memory for each")
+    p.add_argument("--batch", type=int, help="batch size override for --remat-memory")
+    p.add_argument("--seq", type=int, help="sequence length override for --remat-memory")
     p.add_argument("--scan", action="store_true", help="also time the depths with scan_layers=True")
     p.add_argument("--config", default="llama3_tiny", help="registered run config for compile times")
     p.add_argument("--backend", choices=["inductor", "xla"], default="inductor")
@@ -103,6 +130,8 @@ def main(argv=None):
     sections = []
     if args.loss_memory:
         sections.append(loss_memory(args))
+    if args.remat_memory:
+        sections.append(remat_memory(args))
     if args.compile_depth:
         sections.append(compile_scaling(args, "model.n_layers", [int(x) for x in args.compile_depth.split(",")],
                                         "layers"))
@@ -110,7 +139,7 @@ def main(argv=None):
         sections.append(compile_scaling(args, "microbatches", [int(x) for x in args.compile_microbatches.split(",")],
                                         "microbatches"))
     if not sections:
-        p.error("choose at least one of --loss-memory, --compile-depth, --compile-microbatches")
+        p.error("choose at least one of --loss-memory, --remat-memory, --compile-depth, --compile-microbatches")
     text = f"torch {torch.__version__}, {os.cpu_count()} CPU cores.\n\n" + "\n\n".join(
         title + "\n\n" + "\n".join(rows) for title, rows in sections)
     print("\n" + text)

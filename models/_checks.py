@@ -90,3 +90,17 @@ def check_choice(cfg: Any, name: str, choices: Sequence[str]) -> None:
     v = getattr(cfg, name)
     if v not in choices:
         raise ValueError(f"{type(cfg).__name__}.{name} must be one of {list(choices)}, got {v!r}.")
+
+
+def check_remat(cfg: Any, name: str) -> None:
+    """A remat policy name (`ember.core.remat_policies`); `True` / `False` (older configs) become "full" / "none"."""
+    from ..core.remat_policies import remat_policy
+
+    value = getattr(cfg, name)
+    if isinstance(value, bool):
+        object.__setattr__(cfg, name, "full" if value else "none")
+        return
+    try:
+        remat_policy(value)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{type(cfg).__name__}.{name}: {err}") from None

@@ -55,6 +55,7 @@ from torch import Tensor
 from ..core import pytree
 from ..core.partition_specs.path_rules import AxesRule, DefaultAxes, axes_from_rules
 from ..core.types import Key, Params, PyTree
+from .bridge_remat import RematRules, check_remat_rules, remat_submodules
 
 __all__ = [
     "HF_GPT2_AXES_RULES",
@@ -127,8 +128,10 @@ class TorchModel:
         *,
         axes_rules: Optional[Sequence[AxesRule]] = None,
         default_axes: DefaultAxes = None,
+        remat: Optional[RematRules] = None,
     ) -> None:
         self.module = module
+        self._remat = check_remat_rules(module, remat) if remat else []
         self._initial = {n: p.detach().clone() for n, p in module.named_parameters()}
         self.buffers: Dict[str, Tensor] = {n: b.detach().clone() for n, b in module.named_buffers()}
         # every name (aliases of tied parameters included) -> the name the params tree uses
@@ -193,9 +196,10 @@ class TorchModel:
                 f"{missing[:5]}{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
                 f"{' ...' if len(unknown) > 5 else ''}. Start from model.init() and keep its tree."
             )
-        return torch.func.functional_call(
-            self.module, {**flat, **self.buffers}, tuple(args), kwargs, tie_weights=True, strict=True
-        )
+        with remat_submodules(self.module, self._remat):
+            return torch.func.functional_call(
+                self.module, {**flat, **self.buffers}, tuple(args), kwargs, tie_weights=True, strict=True
+            )
 
     def state_dict(self, params: Params) -> Dict[str, Tensor]:
         """A torch `state_dict` for the module: `params` (under every tied name) plus persistent buffers.
@@ -226,6 +230,7 @@ def from_torch(
     axes_rules: Optional[Sequence[AxesRule]] = None,
     default_axes: DefaultAxes = None,
     eval_mode: bool = True,
+    remat: Optional[RematRules] = None,
 ) -> Tuple[TorchModel, Params]:
     """Wrap `module` as an ember model and return it with a copy of its parameters.
 
@@ -239,6 +244,9 @@ def from_torch(
             raise `ValueError` for it.
         eval_mode: call `module.eval()` (dropout off; required for a pure step, since torch's
             dropout uses the global RNG). False leaves the module's mode as it is.
+        remat: `{regex: policy}`: submodules whose whole dotted name matches (a model's blocks, e.g.
+            `{r"model\\.layers\\.\\d+": "full"}`) recompute their activations in the backward pass
+            (`ember.core.remat`; policies as in `ember.core.remat_policies`).
 
     Returns:
         `(model, params)`: a `TorchModel` and a nested dict of detached parameter clones.
@@ -246,7 +254,7 @@ def from_torch(
     Raises:
         TypeError: `module` is not an `nn.Module`, or a rule is malformed.
         ValueError: a rule leaves a parameter unplaced (no match, no default) or has the wrong
-            number of axes for it.
+            number of axes for it; a remat rule matches no submodule or names an unknown policy.
 
     Example:
         >>> import torch
@@ -260,5 +268,5 @@ def from_torch(
         raise TypeError(f"from_torch expects a torch.nn.Module, got {type(module).__name__}.")
     if eval_mode:
         module.eval()
-    model = TorchModel(module, axes_rules=axes_rules, default_axes=default_axes)
+    model = TorchModel(module, axes_rules=axes_rules, default_axes=default_axes, remat=remat)
     return model, model.init()

@@ -1,6 +1,6 @@
-"""Child-process measurements for `launch/bench_scale.py`: loss memory and cold compile time.
+"""Child-process measurements for `launch/bench_scale.py`: loss and step memory, cold compile time.
 
-Public names: `loss_memory_child`, `compile_child`.
+Public names: `loss_memory_child`, `compile_child`, `step_memory_child`.
 
 Each runs in a fresh process (started by `bench_scale.py` with a pinned `MALLOC_MMAP_THRESHOLD_`, so
 freed tensors leave the resident set, and with its own empty Inductor cache for compile times).
@@ -55,8 +55,8 @@ def loss_memory_child(variant: str, *, vocab: int, tokens: int, d_model: int, ch
             "transient_bytes": peak - base, "logits_bytes": tokens * vocab * 4, "loss": float(out[0][0])}
 
 
-def compile_child(config: Any, *, backend: str = "inductor") -> Dict[str, Any]:
-    """Seconds of the first call of the compiled train step (trace + compile + run) for `config`."""
+def _step_and_inputs(config: Any, *, backend: str, donate: str = "none"):
+    """`config`'s compiled train step (AdamW) with a fresh state and one random batch, on `backend`'s device."""
     import ember.models as models
     from ember import optim
 
@@ -66,13 +66,34 @@ def compile_child(config: Any, *, backend: str = "inductor") -> Dict[str, Any]:
     tokens = random.randint(random.key(1), (b, t + 1), 0, config.model.vocab_size)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
     state = TrainState.create(params=params, tx=optim.adamw(1e-3), key=random.key(2))
-    step = jit(train_step(models.lm_loss(model), microbatches=config.microbatches), backend=backend)
+    step = jit(train_step(models.lm_loss(model), microbatches=config.microbatches), backend=backend, donate=donate)
     if backend == "xla":
         from ember.core.device import device_for, to_device
 
         dev = device_for("xla")
         state, batch = to_device(state, dev), to_device(batch, dev)
+    return step, state, batch
+
+
+def compile_child(config: Any, *, backend: str = "inductor") -> Dict[str, Any]:
+    """Seconds of the first call of the compiled train step (trace + compile + run) for `config`."""
+    step, state, batch = _step_and_inputs(config, backend=backend)
     start = time.perf_counter()
     _, metrics = step(state, batch)
     loss = float(metrics["loss"].cpu())  # host sync: the step has run
     return {"first_call_s": time.perf_counter() - start, "loss": loss}
+
+
+def step_memory_child(config: Any) -> Dict[str, Any]:
+    """Transient memory at peak of `config`'s compiled train step (Inductor, state donated), after two warm calls.
+
+    Measured as in `loss_memory_child`; it includes the gradients and the optimizer's temporaries
+    (the same for every remat policy) and every activation kept for the backward pass.
+    """
+    step, state, batch = _step_and_inputs(config, backend="inductor", donate="state")
+    for _ in range(2):  # compile, then one warm call
+        state, metrics = step(state, batch)
+    gc.collect()
+    out = []
+    base, peak = memory_peak(lambda: out.append(step(state, batch)), cuda=False)
+    return {"transient_bytes": peak - base, "loss": float(out[0][1]["loss"])}

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...core.partition_specs import constrain
+from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from .._checks import check_tokens
 from ..layers import Dropout, Embedding, LayerNorm, Linear, Module, Sequential, Stacked, dot_product_attention
@@ -116,14 +117,15 @@ class CausalSelfAttention(Module):
         """Args: x: (B, T, d_model); key: drives probability dropout. Returns: (B, T, d_model)."""
         B, T, C = x.shape
         H, D = self.n_heads, C // self.n_heads
-        q = self.call("wq", params, x, **kwargs).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = self.call("wk", params, x, **kwargs).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        v = self.call("wv", params, x, **kwargs).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        # checkpoint_name tags what a "save:<tags>" remat policy may keep (ember.core.remat_policies).
+        q = checkpoint_name(self.call("wq", params, x, **kwargs), "qkv").view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = checkpoint_name(self.call("wk", params, x, **kwargs), "qkv").view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        v = checkpoint_name(self.call("wv", params, x, **kwargs), "qkv").view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         y = dot_product_attention(
             q, k, v, segment_ids=kwargs.get("segment_ids"), padding_mask=kwargs.get("attention_mask"),
             dropout=self.dropout, key=key,
         )  # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): the heads side by side again
+        y = checkpoint_name(y, "attn_out").transpose(1, 2).reshape(B, T, C)  # (B, T, C): the heads side by side again
         return self.call("wo", params, y, **kwargs)  # (B, T, C)
 
 
@@ -175,7 +177,7 @@ class MLP(Module):
 
     def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """Args: x: (..., d_model). Returns: (..., d_model)."""
-        h = ACTIVATIONS[self.activation](self.call("fc", params, x, **kwargs))  # (..., hidden)
+        h = checkpoint_name(ACTIVATIONS[self.activation](self.call("fc", params, x, **kwargs)), "mlp_hidden")  # (..., hidden)
         return self.call("proj", params, h, **kwargs)
 
 

@@ -11,8 +11,9 @@ same apply key (`split(key, n)[i]`), so for the same weights the two forms compu
 
 `Stacked` runs its layers with `ember.core.transforms.scan` over the leading "layers" dimension
 (its axes get a leading `"layers"` name, so the rules can shard or replicate it), and
-`remat=True` wraps each layer in `ember.core.transforms.remat` (activation checkpointing: the
-backward pass recomputes a layer's activations from its input instead of storing them).
+`remat="full"` (or another policy of `ember.core.remat_policies`) wraps each layer in
+`ember.core.transforms.remat` (activation checkpointing: the backward pass recomputes a layer's
+activations from its input, keeping only what the policy names, instead of storing them).
 
 Example:
     >>> import torch
@@ -28,11 +29,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 from torch import Tensor
 
 from ...core import pytree, random
+from ...core.remat_policies import remat_policy
 from ...core.transforms import remat as _remat
 from ...core.transforms import scan as _scan
 from ...core.transforms import stack_trees
@@ -52,20 +54,22 @@ class Sequential(Module):
 
     Attributes:
         layers: the layers, each `(x, **kwargs) -> x` of the same shape.
-        remat: recompute each layer's activations in the backward pass.
+        remat: a remat policy for each layer (`"none"`, `"full"`, `"dots_saveable"`, `"save:<tags>"`;
+            `True` means `"full"`).
     """
 
     layers: Tuple[Module, ...]
-    remat: bool = False
+    remat: Union[str, bool] = "none"
 
     @classmethod
-    def repeat(cls, layer: Module, num_layers: int, *, remat: bool = False) -> "Sequential":
+    def repeat(cls, layer: Module, num_layers: int, *, remat: Union[str, bool] = "none") -> "Sequential":
         """`num_layers` copies of `layer` (each with its own parameters)."""
         return cls(tuple([layer] * num_layers), remat=remat)
 
     def validate(self) -> None:
         if not isinstance(self.layers, tuple) or not all(isinstance(m, Module) for m in self.layers):
             raise TypeError("Sequential.layers must be a tuple of Modules.")
+        remat_policy(self.remat)
 
     def declare(self):
         return {str(i): layer for i, layer in enumerate(self.layers)}
@@ -83,7 +87,7 @@ class Sequential(Module):
         keys = _layer_keys(key, len(self.layers))
         for i, layer in enumerate(self.layers):
             k = None if keys is None else keys[i]
-            fn = _remat(layer.apply) if self.remat else layer.apply
+            fn = _remat(layer.apply, policy=self.remat)
             x = fn(params[i] if layer.has_params else {}, x, key=k, **kwargs)
         return x
 
@@ -95,18 +99,19 @@ class Stacked(Module):
     Attributes:
         layer: the repeated layer, `(x, **kwargs) -> x` of the same shape.
         num_layers: how many copies.
-        remat: recompute each layer's activations in the backward pass.
+        remat: a remat policy for each layer (as in `Sequential`).
     """
 
     layer: Module
     num_layers: int
-    remat: bool = False
+    remat: Union[str, bool] = "none"
 
     def validate(self) -> None:
         if not isinstance(self.layer, Module):
             raise TypeError(f"Stacked.layer must be a Module, got {type(self.layer).__name__}.")
         if not isinstance(self.num_layers, int) or self.num_layers <= 0:
             raise ValueError(f"Stacked.num_layers must be a positive int, got {self.num_layers!r}.")
+        remat_policy(self.remat)
 
     def declare(self):
         return {"layer": self.layer}
@@ -126,7 +131,7 @@ class Stacked(Module):
 
     def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
-        fn = _remat(self.layer.apply) if self.remat else self.layer.apply
+        fn = _remat(self.layer.apply, policy=self.remat)
         keys = _layer_keys(key, self.num_layers)
         if keys is None:
 

@@ -56,8 +56,10 @@ class Llama3Config:
     """Standard deviation of weight init (HF `initializer_range`)."""
     scan_layers: bool = False
     """Stack the blocks' params along a leading "layers" axis and run them with scan."""
-    remat: bool = False
-    """Recompute each block's activations in the backward pass (activation checkpointing)."""
+    remat: str = "none"
+    """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"
+    (keep matmul outputs), "dots_with_no_batch_dims_saveable", or "save:<tag>,..." (keep the
+    tensors the block tags with `checkpoint_name`: qkv, attn_out, mlp_hidden)."""
     loss_chunk_size: int = 0
     """Tokens per chunk of the LM-head loss in `lm_loss`: 0 computes the whole (B, T, V) logits at
     once; N > 0 never holds more than N x V logits (or their gradient)."""
@@ -86,6 +88,7 @@ class Llama3Config:
         if not self.init_std >= 0:
             raise ValueError(f"Llama3Config.init_std must be >= 0, got {self.init_std}.")
         checks.check_non_negative(self, "loss_chunk_size")
+        checks.check_remat(self, "remat")
 
     @property
     def head_dim(self) -> int:

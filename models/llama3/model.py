@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...core.partition_specs import constrain
+from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from .._checks import check_tokens
 from ..layers import Embedding, Linear, Module, RMSNorm, RotaryEmbedding, Sequential, Stacked
@@ -155,9 +156,10 @@ class Attention(Module):
         """Args: x: (B, T, d_model); key: drives probability dropout. Returns: (B, T, d_model)."""
         B, T, _ = x.shape
         H, KV, D = self.n_heads, self.kv_heads, self.head_size
-        q = self.call("wq", params, x, **kwargs).view(B, T, H, D)  # (B, T, H, D)
-        k = self.call("wk", params, x, **kwargs).view(B, T, KV, D)  # (B, T, KV, D)
-        v = self.call("wv", params, x, **kwargs).view(B, T, KV, D)  # (B, T, KV, D)
+        # checkpoint_name tags what a "save:<tags>" remat policy may keep (ember.core.remat_policies).
+        q = checkpoint_name(self.call("wq", params, x, **kwargs), "qkv").view(B, T, H, D)  # (B, T, H, D)
+        k = checkpoint_name(self.call("wk", params, x, **kwargs), "qkv").view(B, T, KV, D)  # (B, T, KV, D)
+        v = checkpoint_name(self.call("wv", params, x, **kwargs), "qkv").view(B, T, KV, D)  # (B, T, KV, D)
         if self.rope is not None:  # rotate q and k by their positions
             q = self.call("rope", params, q, **kwargs)
             k = self.call("rope", params, k, **kwargs)
@@ -168,7 +170,7 @@ class Attention(Module):
             q, k, v, causal=self.causal, segment_ids=kwargs.get("segment_ids"),
             padding_mask=kwargs.get("attention_mask"), dropout=self.dropout, key=key,
         )  # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+        y = checkpoint_name(y, "attn_out").transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
         return self.call("wo", params, y, **kwargs)  # (B, T, d_model)
 
 
@@ -206,6 +208,7 @@ class SwiGLU(Module):
     def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """Args: x: (..., d_model). Returns: (..., d_model)."""
         h = F.silu(self.call("gate", params, x, **kwargs)) * self.call("up", params, x, **kwargs)  # (..., hidden)
+        h = checkpoint_name(h, "mlp_hidden")
         return self.call("down", params, h, **kwargs)
 
 

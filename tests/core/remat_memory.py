@@ -10,9 +10,8 @@ kernel code and fills one-time caches; then the kernel's RSS high-water mark is 
 (`/proc/self/clear_refs`; where that is refused, `ru_maxrss` of the whole run is used) and the
 second step is measured: peak RSS minus RSS just before it. That includes the gradients (the same
 in both variants) and everything kept alive for backward (what remat saves). `--autograd` adds
-the same two models differentiated by `torch.autograd.grad` instead of `torch.func`.
-Eager CPU only: under `torch.compile` with the gradient taken inside the compiled region, torch
-2.9 keeps the activations either way (see `ember/core/remat.py`).
+the same two models differentiated by `torch.autograd.grad` instead of `torch.func`; `--jit` adds
+the step compiled whole by `ember.core.jit` (Inductor), plain, remat "full" and "dots_saveable".
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ def _child(variant: str, blocks: int, width: int, hidden: int, batch: int) -> di
 
     import torch
 
+    from ember.core.jit import jit
     from ember.core.transforms import remat, value_and_grad
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -58,7 +58,7 @@ def _child(variant: str, blocks: int, width: int, hidden: int, batch: int) -> di
         return x + torch.nn.functional.gelu(x @ p["w1"] + p["b1"]) @ p["w2"]
 
     mode, _, how = variant.partition("-")
-    blk = remat(block) if mode == "remat" else block
+    blk = {"plain": block, "remat": remat(block), "dots": remat(block, policy="dots_saveable")}[mode]
 
     def loss(params, x):
         for p in params:
@@ -86,6 +86,8 @@ def _child(variant: str, blocks: int, width: int, hidden: int, batch: int) -> di
                 dict(zip(p.keys(), grads[3 * i : 3 * i + 3])) for i, p in enumerate(leaves)
             ]
 
+    if how == "jit":
+        step = jit(value_and_grad(loss), backend="inductor")
     # Warm-up: the first step pages in kernel code and fills one-time caches (tens of MiB of
     # RSS that is not activation memory); then reset the high-water mark and measure step 2.
     value, grads = step(params, x)
@@ -106,7 +108,7 @@ def _child(variant: str, blocks: int, width: int, hidden: int, batch: int) -> di
 
 
 def measure(variant: str, *, blocks: int, width: int, hidden: int, batch: int) -> dict:
-    """Run one variant ("plain", "remat", "plain-autograd", "remat-autograd") in a fresh process."""
+    """Run one variant of `VARIANTS` in a fresh process."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     args = [sys.executable, __file__, "--child", variant, "--blocks", str(blocks), "--width",
             str(width), "--hidden", str(hidden), "--batch", str(batch)]  # fmt: skip
@@ -116,7 +118,7 @@ def measure(variant: str, *, blocks: int, width: int, hidden: int, batch: int) -
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-VARIANTS = ["plain", "remat", "plain-autograd", "remat-autograd"]
+VARIANTS = ["plain", "remat", "plain-autograd", "remat-autograd", "plain-jit", "remat-jit", "dots-jit"]
 PRESETS = {
     # The shape from the task: weights dominate (16 x 32 MiB), activations are small per block.
     "weights-heavy": dict(blocks=16, width=1024, hidden=4096, batch=256),
@@ -128,7 +130,7 @@ PRESETS = {
 def _table(name: str, shape: dict, rows: dict) -> None:
     act = shape["batch"] * shape["hidden"] * 4 / MIB  # one (batch, hidden) fp32 activation
     print(f"{name}: {shape['blocks']} blocks, width {shape['width']}, hidden {shape['hidden']}, "
-          f"batch {shape['batch']}, fp32, CPU eager")  # fmt: skip
+          f"batch {shape['batch']}, fp32, CPU")  # fmt: skip
     grads = rows["plain"]["grads_mib"]
     print(f"  one (batch, hidden) activation = {act:.1f} MiB; gradients = {grads:.0f} MiB")
     print(f"  {'variant':<15} {'peak - before (MiB)':>20} {'minus grads (MiB)':>18} {'loss':>12}")
@@ -146,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ap.add_argument("--autograd", action="store_true", help="also measure torch.autograd.grad")
+    ap.add_argument("--jit", action="store_true", help="also measure the step compiled by ember.core.jit")
     ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     given = {k: getattr(a, k) for k in ("blocks", "width", "hidden", "batch") if getattr(a, k)}
@@ -153,10 +156,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(_child(a.child, **given)))
         return
     shapes = {"custom": {**PRESETS["weights-heavy"], **given}} if given else PRESETS
-    results = {
-        name: {v: measure(v, **shape) for v in VARIANTS[: 4 if a.autograd else 2]}
-        for name, shape in shapes.items()
-    }
+    chosen = VARIANTS[:2] + (VARIANTS[2:4] if a.autograd else []) + (VARIANTS[4:] if a.jit else [])
+    results = {name: {v: measure(v, **shape) for v in chosen} for name, shape in shapes.items()}
     if a.json:
         print(json.dumps(results))
         return

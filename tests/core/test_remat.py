@@ -308,3 +308,20 @@ def test_remat_lowers_peak_memory_under_value_and_grad():
     plain, rematted = rows["plain"]["peak_mib"], rows["remat"]["peak_mib"]
     assert rematted < 0.6 * plain, rows
     assert rows["plain"]["loss"] == rows["remat"]["loss"]
+
+
+@pytest.mark.slow
+def test_remat_lowers_peak_memory_in_the_compiled_step():
+    # The gradient taken inside the step compiled by ember.core.jit (make_fx + Inductor): the
+    # recomputation is in the traced graph, so the forward's activations are freed early.
+    # Measured plain 73 MiB, full 30 MiB, dots_saveable 47 MiB at this shape (torch 2.15 and 2.9).
+    script = Path(__file__).with_name("remat_memory.py")
+    shape = ["--blocks", "8", "--width", "256", "--hidden", "1024", "--batch", "1024"]
+    proc = subprocess.run(
+        [sys.executable, str(script), *shape, "--jit", "--json"], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])["custom"]
+    plain, full, dots = (rows[v]["peak_mib"] for v in ("plain-jit", "remat-jit", "dots-jit"))
+    assert full < 0.6 * plain and full < dots < plain, rows
+    assert rows["plain-jit"]["loss"] == pytest.approx(rows["remat-jit"]["loss"], rel=1e-6)

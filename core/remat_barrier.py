@@ -1,0 +1,69 @@
+"""Keep a remat'd block's recomputation where it belongs: after the gradient reaches it.
+
+Public names: none (used by `remat.py`).
+
+A recomputation reads only the block's saved inputs, so a compiler sees ops identical to the
+forward's: a common-subexpression pass merges the two (the activations are kept after all) and a
+scheduler may move the recomputation up into the forward pass. `tie_to_gradient(saved, grads)`
+returns the saved inputs through a barrier that also reads the incoming gradients:
+- traced for Inductor (`make_fx`): an opaque op `ember::remat_barrier` returning copies of the
+  floating inputs (one block's worth at a time, freed after its backward);
+- on XLA: torch_xla's `optimization_barrier_`, as `torch_xla.utils.checkpoint` does;
+- eagerly: nothing, the backward already runs after the forward.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .compat import functorch as _levels
+
+__all__: List[str] = []
+
+
+@torch.library.custom_op("ember::remat_barrier", mutates_args=())
+def _barrier(tensors: List[Tensor], after: List[Tensor]) -> List[Tensor]:
+    return [t.clone() for t in tensors]
+
+
+@_barrier.register_fake
+def _(tensors: List[Tensor], after: List[Tensor]) -> List[Tensor]:
+    return [torch.empty_like(t) for t in tensors]
+
+
+def _setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    ctx.n_after = len(inputs[1])
+
+
+def _backward(ctx, grads):  # noqa: ANN001
+    return list(grads), [None] * ctx.n_after
+
+
+_barrier.register_autograd(_backward, setup_context=_setup)
+
+
+@_barrier.register_vmap
+def _(info, in_dims, tensors, after):  # noqa: ANN001
+    return [t.clone() for t in tensors], list(in_dims[0])
+
+
+def tie_to_gradient(saved: Sequence[Tensor], grads: Sequence[Optional[Tensor]]) -> List[Tensor]:
+    """`saved`, its floating tensors passed through a barrier that also reads `grads`."""
+    after = [g for g in grads if isinstance(g, Tensor)]
+    picked = [i for i, t in enumerate(saved) if isinstance(t, Tensor) and t.is_floating_point()]
+    if not after or not picked:
+        return list(saved)
+    if _levels.functorch_base(saved[picked[0]]).device.type == "xla":
+        import torch_xla.core.xla_model as xm
+
+        xm.optimization_barrier_([_levels.functorch_base(t) for t in (*saved, *after)])
+        return list(saved)
+    if not torch.compiler.is_compiling():
+        return list(saved)
+    out = list(saved)
+    for i, t in zip(picked, _barrier([saved[i] for i in picked], after)):
+        out[i] = t
+    return out

@@ -1,0 +1,114 @@
+"""Remat policies (core/remat_policies.py, core/remat_barrier.py): same gradients, and the traced
+step recomputes exactly what each policy leaves out.
+
+The memory each saves in the compiled step is measured in `test_remat.py` (fresh processes) and,
+at the 125M Llama, by `launch/bench_scale.py --remat-memory` (BENCHMARKS.md).
+"""
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ember.core.remat import remat
+from ember.core.remat_policies import POLICY_NAMES, checkpoint_name, remat_policy, save_names
+from ember.core.testing import assert_trees_all_close
+from ember.core.transforms import grad, value_and_grad, vmap
+from ember.models import Llama3Config
+
+POLICIES = ["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "save:hidden"]
+
+
+def block(p, x):
+    h = checkpoint_name(F.gelu(x @ p["w1"]), "hidden")  # (B, T, H)
+    a = F.scaled_dot_product_attention(h, h, h, is_causal=True)  # a batched dot product
+    return x + torch.tanh(a @ p["w2"])
+
+
+def _case():
+    g = torch.Generator().manual_seed(0)
+    return {"w1": torch.randn(8, 16, generator=g), "w2": torch.randn(16, 8, generator=g)}, torch.randn(2, 4, 8, generator=g)
+
+
+def _loss(policy):
+    def loss(p, x):
+        y = remat(block, policy=policy)(p, x)
+        return remat(block, policy=policy)(p, y).square().mean()
+
+    return loss
+
+
+def _traced_ops(policy):
+    """aten op counts of the traced gradient, after dead code is removed (what Inductor receives)."""
+    from ember.core.compat.inductor import trace_on_fake_tensors
+
+    p, x = _case()
+    gm = trace_on_fake_tensors(lambda p1, p2, x: value_and_grad(_loss(policy))({"w1": p1, "w2": p2}, x),
+                               [p["w1"], p["w2"], x])
+    gm.graph.eliminate_dead_code()
+    return Counter(
+        str(n.target).split(".")[1] for n in gm.graph.nodes
+        if n.op == "call_function" and str(n.target).startswith(("aten.", "ember."))
+    )
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap of CPU flash attention
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_gives_the_plain_gradient(policy):
+    p, x = _case()
+    want = grad(_loss("none"))(p, x)
+    assert_trees_all_close(grad(_loss(policy))(p, x), want, rtol=0, atol=0)
+    per_example = vmap(grad(_loss(policy)), in_dims=(None, 0))(p, x[:, None])
+    assert_trees_all_close(per_example, vmap(grad(_loss("none")), in_dims=(None, 0))(p, x[:, None]),
+                           rtol=1e-6, atol=1e-6)
+
+
+def test_traced_step_recomputes_what_each_policy_leaves_out():
+    ops = {policy: _traced_ops(policy) for policy in POLICIES}
+    attn = "_scaled_dot_product_flash_attention_for_cpu"
+    none = ops["none"]
+    # full: every op of both blocks runs again in the backward, behind the barrier.
+    assert ops["full"]["mm"] == none["mm"] + 2 * 2 and ops["full"][attn] == 2 * none[attn]
+    assert ops["full"]["gelu"] == 2 * none["gelu"] and ops["full"]["remat_barrier"] == 2
+    # dots_saveable: no matrix product runs twice; the elementwise work does.
+    assert ops["dots_saveable"]["mm"] == none["mm"] and ops["dots_saveable"][attn] == none[attn]
+    assert ops["dots_saveable"]["gelu"] == 2 * none["gelu"]
+    # without batch dims: weight matmuls kept, attention recomputed.
+    assert ops["dots_with_no_batch_dims_saveable"]["mm"] == none["mm"]
+    assert ops["dots_with_no_batch_dims_saveable"][attn] == 2 * none[attn]
+    # save:hidden keeps gelu's output: gelu never runs twice (its input, x @ w1, does, for gelu's backward).
+    assert ops["save:hidden"]["gelu"] == none["gelu"] and ops["save:hidden"][attn] == 2 * none[attn]
+
+
+def test_checkpoint_name_outside_remat_is_identity():
+    x = torch.ones(3)
+    assert checkpoint_name(x, "anything") is x
+
+
+def test_policy_names_and_bool_configs():
+    assert remat_policy("none") is None and remat_policy(False) is None
+    assert remat_policy(True) == remat_policy("full")
+    assert remat_policy("save: qkv, mlp_hidden") == save_names("qkv", "mlp_hidden")
+    assert remat(block, policy="none") is block
+    assert POLICY_NAMES[:2] == ("none", "full")
+
+
+@pytest.mark.parametrize(
+    "bad, exc, match",
+    [
+        ("dot_saveable", ValueError, r"unknown remat policy 'dot_saveable'; did you mean 'dots_saveable'"),
+        ("fulll", ValueError, r"did you mean 'full'"),
+        ("save:", ValueError, r"save_names\(\.\.\.\) takes one or more"),
+        (3, TypeError, r"a remat policy is a name such as 'full'"),
+    ],
+)
+def test_bad_policies_name_the_fix(bad, exc, match):
+    with pytest.raises(exc, match=match):
+        remat(block, policy=bad)
+
+
+def test_config_checks_the_policy_and_reads_old_bools():
+    with pytest.raises(ValueError, match=r"Llama3Config.remat: unknown remat policy 'dots'; did you mean 'dots_saveable' or 'dots_with_no_batch_dims_saveable'"):
+        Llama3Config(remat="dots")
+    assert Llama3Config(remat=True).remat == "full" and Llama3Config(remat=False).remat == "none"
