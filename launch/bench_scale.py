@@ -39,6 +39,11 @@ def _child(spec):
     raise RuntimeError(f"measurement {spec} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
+def _ratio(value, base):
+    """`value / base` as "0.39x"; "n/a" when the baseline measured nothing (a tiny shape below RSS resolution)."""
+    return f"{value / base:.2f}x" if base > 0 else "n/a"
+
+
 def _run_child(spec):
     if spec["what"] == "loss_memory":
         from ember.launch.benchmark.scaling import loss_memory_child
@@ -64,8 +69,8 @@ def remat_memory(args):
     for policy in args.remat_memory.split(","):
         r = _child(dict(what="step_memory", config=args.config,
                         overrides={"model.remat": policy, **_shape_overrides(args)}))
-        first = first or r["transient_bytes"]
-        rows.append(f"| {policy} | {r['transient_bytes'] / 2**20:,.0f} | {r['transient_bytes'] / first:.2f}x | "
+        first = r["transient_bytes"] if first is None else first
+        rows.append(f"| {policy} | {r['transient_bytes'] / 2**20:,.0f} | {_ratio(r['transient_bytes'], first)} | "
                     f"{r['loss']:.6f} |")
         print(rows[-1], flush=True)
     shape = ", ".join(f"{k} {v}" for k, v in _shape_overrides(args).items())
@@ -80,10 +85,10 @@ def loss_memory(args):
         for variant in ("plain", "chunked"):
             r = _child(dict(what="loss_memory", variant=variant, vocab=vocab, tokens=args.tokens,
                             d_model=args.d_model, chunk_size=args.chunk_size))
-            plain = plain or r["transient_bytes"]
+            plain = r["transient_bytes"] if plain is None else plain
             name = "plain" if variant == "plain" else f"chunked ({args.chunk_size} tokens)"
             rows.append(f"| {vocab:,} | {name} | {r['transient_bytes'] / 2**20:,.0f} | "
-                        f"{r['transient_bytes'] / plain:.2f}x | {r['logits_bytes'] / 2**20:,.0f} |")
+                        f"{_ratio(r['transient_bytes'], plain)} | {r['logits_bytes'] / 2**20:,.0f} |")
             print(rows[-1], flush=True)
     return (f"Loss + gradient w.r.t. hidden states and head weight, compiled (Inductor), {args.tokens} tokens, "
             f"d_model {args.d_model}:", rows)
@@ -98,8 +103,8 @@ def compile_scaling(args, field, values, label):
             if field == "microbatches":
                 overrides["data.batch_size"] = max(values)
             r = _child(dict(what="compile", config=args.config, backend=args.backend, overrides=overrides))
-            first = first or r["first_call_s"]
-            rows.append(f"| {v} | {scan} | {r['first_call_s']:.1f} | {r['first_call_s'] / first:.2f}x |")
+            first = r["first_call_s"] if first is None else first
+            rows.append(f"| {v} | {scan} | {r['first_call_s']:.1f} | {_ratio(r['first_call_s'], first)} |")
             print(rows[-1], flush=True)
     return f"Cold first step of `{args.config}` ({args.backend}), empty compile cache:", rows
 
