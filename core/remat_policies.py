@@ -33,7 +33,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["POLICY_NAMES", "RematPolicy", "checkpoint_name", "remat_policy", "save_names"]
 
-_aten = torch.ops.aten
 _BATCHED_DOTS = ("bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
                  "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                  "_scaled_dot_product_cudnn_attention", "convolution")
@@ -126,6 +125,13 @@ def _aliases_or_mutates(func: Any) -> bool:
     return schema is None or schema.is_mutable or any(r.alias_info is not None for r in schema.returns)
 
 
+def _occurrence(seen: Dict[Any, int], func: Any) -> Tuple[Any, int]:
+    """`(func, n)` for the n-th call of `func` (from 0) counted in `seen`: how Record and Replay name an output."""
+    n = seen.get(func, 0)
+    seen[func] = n + 1
+    return func, n
+
+
 _RECORDERS: List["Record"] = []  # the remat forwards being traced or run, innermost last
 
 
@@ -160,11 +166,12 @@ class Record(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple = (), kwargs: Optional[Dict] = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        key = (func, self._seen.get(func, 0))
-        self._seen[func] = key[1] + 1
-        if self.policy.saves_op(func) and not _aliases_or_mutates(func):
+        key = _occurrence(self._seen, func)
+        if _aliases_or_mutates(func):
+            return out  # a view or an in-place result cannot be handed back in place of the op
+        if self.policy.saves_op(func):
             self.saved[key] = out
-        elif self.policy.names and not _aliases_or_mutates(func):
+        elif self.policy.names:
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor):  # t stays alive with the entry, so its id is not reused
                     self._producer[id(t)] = (key, out, t)
@@ -185,8 +192,7 @@ class Replay(TorchDispatchMode):
         self._seen: Dict[Any, int] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple = (), kwargs: Optional[Dict] = None) -> Any:
-        key = (func, self._seen.get(func, 0))
-        self._seen[func] = key[1] + 1
+        key = _occurrence(self._seen, func)
         if key in self.saved:
             return self.saved[key]
         return func(*args, **(kwargs or {}))
@@ -212,4 +218,3 @@ def unflatten_saved(keys: List[Tuple[Any, int]], structures: List[Any], tensors:
         outs = [next(it) if t else c for t, c in zip(is_tensor, consts)]
         saved[key] = container(outs) if container is not None else outs[0]
     return saved
-
