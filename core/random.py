@@ -62,6 +62,7 @@ _FOLD_SALT = _s64(0x8CB92BA72F3D8DD7)
 
 
 _INT64_MAX = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1
 
 
 def _srl(x: Tensor, s: int) -> Tensor:
@@ -108,11 +109,21 @@ def split(k: Key, num: int = 2) -> Tensor:
     return _mix(_mix(counters + k) ^ _SPLIT_SALT)
 
 
+def _mix_int(z: int) -> int:
+    """`_mix` on a Python int (64-bit wrapping arithmetic): the same bits, no tensor constant in a traced graph."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * (_MIX1 & _MASK64)) & _MASK64
+    z = ((z ^ (z >> 27)) * (_MIX2 & _MASK64)) & _MASK64
+    return _s64(z ^ (z >> 31))
+
+
 def fold_in(k: Key, data: Union[int, Tensor]) -> Key:
     """A new key from `k` and an integer (a step count, a layer index, a rank)."""
     _check_key(k, "fold_in")
     if not isinstance(data, Tensor):
-        data = torch.tensor(data, dtype=torch.int64, device=k.device)
+        if not -(1 << 63) <= int(data) <= _INT64_MAX:
+            raise ValueError(f"fold_in(data={data}) must fit in int64; fold in a smaller integer.")
+        return _mix(k ^ _mix_int(int(data) * _GOLDEN + _FOLD_SALT))
     return _mix(k ^ _mix(data.to(torch.int64) * _GOLDEN + _FOLD_SALT))
 
 

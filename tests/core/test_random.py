@@ -82,3 +82,12 @@ def test_normal_is_always_finite():
     extreme = torch.tensor([0, (1 << 63) - 1, -1], dtype=torch.int64)  # bit patterns at the ends
     u = (random._srl(extreme, 41).to(torch.float32) + 0.5) * 2.0**-23
     assert (u > 0).all() and (u < 1).all()
+
+
+def test_fold_in_of_an_int_equals_fold_in_of_the_same_tensor():
+    """The int path computes its constant in Python (no tensor constant in a traced body): same bits."""
+    key = random.key(7)
+    for data in (0, 1, -3, 12345, 2**62 + 11, -(2**63), 2**63 - 1):
+        assert torch.equal(random.fold_in(key, data), random.fold_in(key, torch.tensor(data)))
+    with pytest.raises(ValueError, match="must fit in int64"):
+        random.fold_in(key, 2**63)
