@@ -1,7 +1,7 @@
 """ember.core: the kernel: pytrees, keys, transforms, jit, TrainState, mesh, protocols, testing helpers.
 
 Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `checkpoint_name`, `scan`,
-`stack_trees`, `unstack_trees`, `device_for`, `to_device`, `Mesh`, `MeshError`, and the modules
+`shared_call`, `stack_trees`, `unstack_trees`, `device_for`, `to_device`, `Mesh`, `MeshError`, and the modules
 `pytree`, `random`, `tree_math`, `testing`, `step_fns`, `partition_specs`, `types`.
 
 `core` imports nothing else from ember.
@@ -29,6 +29,7 @@ from .transforms import checkpoint_name as checkpoint_name
 from .transforms import grad as grad
 from .transforms import remat as remat
 from .transforms import scan as scan
+from .transforms import shared_call as shared_call
 from .transforms import stack_trees as stack_trees
 from .transforms import unstack_trees as unstack_trees
 from .transforms import value_and_grad as value_and_grad
@@ -56,6 +57,7 @@ __all__ = [
     "random",
     "remat",
     "scan",
+    "shared_call",
     "stack_trees",
     "step_fns",
     "testing",

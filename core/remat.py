@@ -15,24 +15,20 @@ How it works:
   saved-tensor hooks, which `torch.func.grad` refuses.
 - `torch.func.grad` runs its backward with `create_graph=True`, so every op of the backward is
   also recorded at the grad's own level and its tensors stay alive until the whole gradient is
-  done (measured here: a 16-block MLP's eager step peaks at 610 MiB under `torch.func.grad`
-  against 297 MiB under `torch.autograd.grad`). remat's backward therefore recomputes one level
-  down, where nothing is recorded for that level but outer levels still are (grad of grad stays
-  exact); with remat the same step peaks at 97 MiB (`python tests/core/remat_memory.py`).
+  done. remat's backward therefore recomputes one level down, where nothing is recorded for that
+  level but outer levels still are (grad of grad stays exact; `tests/core/remat_memory.py`).
 - Compiled by `ember.core.jit` (the step traced with `make_fx`, gradient inside): the
   recomputation is part of the traced graph, tied to the incoming gradient by a barrier
   (`remat_barrier.py`) so that neither common-subexpression elimination nor the scheduler folds
-  it back into the forward; Inductor then frees each block's activations after its forward.
-  Measured in `tests/core/remat_memory.py --jit` and BENCHMARKS.md ("How the step scales").
+  it back into the forward (BENCHMARKS.md, "How the step scales").
 - Policies (`policy=`, see `remat_policies.py`) keep chosen results (matmul outputs, tagged
   tensors) instead of recomputing them.
-- Under Dynamo (`torch.compile` of a function that calls remat) the block goes through
-  `torch.utils.checkpoint` on torch 2.9 and runs plainly from 2.10 on (2.15 fails on the
-  checkpoint op under `torch.func.grad`): gradients are the same, memory is not saved there.
-- On torch_xla the block takes the eager path; an optimization barrier keeps XLA from merging the
-  recomputation with the forward.
-- Forward mode (`torch.func.jvp`, `jacfwd`, `hessian`) works; `torch.autograd.forward_ad` does
-  not (torch refuses nested forward AD).
+- `shared=True`: in the compiled step every call runs one compiled forward and one compiled
+  backward (`shared_call`), so a stack of identical layers compiles like one.
+- Under Dynamo the block goes through `torch.utils.checkpoint` on torch 2.9 and runs plainly from
+  2.10 on (2.15 fails on the checkpoint op under `torch.func.grad`): same gradients, no saving.
+  On torch_xla the eager path runs, with an optimization barrier against merging. Forward mode
+  (`torch.func.jvp`) works; `torch.autograd.forward_ad` does not (no nested forward AD).
 
 Inputs are pytrees (a params dict next to activations). Every floating-point tensor leaf gets a
 gradient; integer tensors (RNG keys, token ids) and non-tensor leaves pass through. Arguments
@@ -56,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -63,9 +60,11 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from .compat import functorch as _levels
+from .compat.shared_subgraph import sharing
 from .pytree import tree_flatten, tree_unflatten
 from .remat_barrier import tie_to_gradient
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, remat_policy, unflatten_saved
+from .shared_call import shared_call
 from .types import PyTree
 
 __all__ = ["remat"]
@@ -87,9 +86,12 @@ class _Plan:
     the output structure each time it executes the block.
     """
 
-    def __init__(self, call: Callable[[Sequence[Tensor]], PyTree], policy: RematPolicy) -> None:
+    def __init__(self, call: Callable[[Sequence[Tensor]], PyTree], policy: RematPolicy,
+                 shared: Optional["_Shared"] = None, key: Any = None) -> None:
         self.call = call
         self.policy = policy
+        self.shared = shared  # set when every call of this block is one compiled body
+        self.key = key  # what, besides the tensors' shapes, the traced block depends on
         self.kept: List[Tensor] = []  # what the policy keeps, handed from forward to setup_context
         self.kept_layout: Any = ([], [])
         self.out_spec: Any = None
@@ -113,6 +115,47 @@ class _Plan:
         return tree_unflatten(leaves, self.out_spec)
 
 
+def _run_and_record(plan: _Plan, tensors: Sequence[Tensor]) -> Tuple[Tensor, ...]:
+    """Run the block; keep what the policy selects in `plan.kept` (laid out in `plan.kept_layout`)."""
+    if not plan.policy.saves_anything:
+        return plan.run(tensors)
+    with Record(plan.policy) as record:
+        outs = plan.run(tensors)
+    keys, structures, plan.kept = flatten_saved(record.saved)
+    plan.kept_layout = (keys, structures)
+    return outs
+
+
+# What the traced call of a shared block learns about its outputs; the calls it serves copy it.
+_LAYOUT = ("out_spec", "out_leaves", "out_tensor_idx", "diff_out", "kept_layout")
+
+
+class _Shared:
+    """The forward and backward of a block whose calls share one compiled body (`shared_call`).
+
+    `plan` is the calling plan: the body is traced from the first call with a given key only, and
+    every call with that key runs the same graph.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.plan: Optional[_Plan] = None
+        self.forward = self._forward  # bound once: shared_call tells functions apart by identity
+        self.backward = self._backward
+
+    def _forward(self, tensors: List[Tensor], key: Any) -> Tuple[List[Tensor], List[Tensor], Any]:
+        plan = self.plan
+        outs = _run_and_record(plan, tensors)
+        passed = {id(t) for t in (*tensors, *plan.kept)}
+        layout = types.SimpleNamespace(**{name: getattr(plan, name) for name in _LAYOUT})  # one leaf
+        # the body may not hand back its own input, nor one tensor twice
+        return [t.clone() if id(t) in passed else t for t in outs], list(plan.kept), layout
+
+    def _backward(self, saved: List[Tensor], grad_outputs: List[Optional[Tensor]], needs: Tuple[bool, ...],
+                  key: Any) -> List[Optional[Tensor]]:
+        return _recompute_vjp_here(self.plan, saved, grad_outputs, needs)
+
+
 class _RematFunction(torch.autograd.Function):
     """Saves only the block's inputs; backward recomputes the block under `torch.func.vjp`."""
 
@@ -120,13 +163,13 @@ class _RematFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(plan: _Plan, *tensors: Tensor) -> Tuple[Tensor, ...]:
-        if plan.policy.saves_anything:
-            with Record(plan.policy) as record:
-                outs = plan.run(tensors)
-            keys, structures, plan.kept = flatten_saved(record.saved)
-            plan.kept_layout = (keys, structures)
-        else:
-            outs = plan.run(tensors)
+        if plan.shared is not None and sharing():
+            plan.shared.plan = plan
+            outs, plan.kept, layout = shared_call(plan.shared.forward, plan.shared.name, list(tensors), plan.key)
+            for name in _LAYOUT:
+                setattr(plan, name, getattr(layout, name))
+            return tuple(outs)
+        outs = _run_and_record(plan, tensors)
         # An input (or a kept result) returned as-is cannot also be saved under setup_context: return a view.
         saved = {id(t) for t in (*tensors, *plan.kept)}
         return tuple(t.view_as(t) if id(t) in saved else t for t in outs)
@@ -202,6 +245,19 @@ def _recompute_vjp(
     `saved` is the block's inputs followed by what the policy kept, which the recomputation takes
     back instead of running those ops again.
     """
+    if plan.shared is not None and sharing():
+        plan.shared.plan = plan
+        return shared_call(plan.shared.backward, plan.shared.name + ".backward", list(saved),
+                           list(grad_outputs), tuple(bool(n) for n in needs), plan.key)
+    return _recompute_vjp_here(plan, saved, grad_outputs, needs)
+
+
+def _recompute_vjp_here(
+    plan: _Plan,
+    saved: Sequence[Tensor],
+    grad_outputs: Sequence[Optional[Tensor]],
+    needs: Sequence[bool],
+) -> List[Optional[Tensor]]:
     saved, kept = tie_to_gradient(saved[: len(needs)], grad_outputs), saved[len(needs):]
     replay = Replay(unflatten_saved(*plan.kept_layout, kept)) if kept else contextlib.nullcontext()
     diff_in = [i for i, t in enumerate(saved) if needs[i] and _differentiable(t)]
@@ -243,6 +299,7 @@ def remat(
     *,
     policy: Union[str, RematPolicy, bool] = "full",
     static_argnums: Union[int, Sequence[int]] = (),
+    shared: bool = False,
 ) -> Callable:
     """Wrap `fn` so its activations are recomputed in the backward pass instead of stored.
 
@@ -258,6 +315,10 @@ def remat(
             `"none"` (return `fn` itself: no remat).
         static_argnums: positional arguments passed through as they are, never flattened
             (Python flags, config objects, callables; negative indices count from the end).
+        shared: in `jit(backend="inductor")`, every call of the returned function with the same
+            shapes runs one compiled forward and one compiled backward (`ember.core.shared_call`):
+            a stack of identical layers compiles like one layer. With `policy="none"` the calls
+            keep every result (`"everything_saveable"`) and recompute nothing.
 
     Returns:
         A function with `fn`'s signature and outputs whose backward pass re-runs `fn`.
@@ -281,9 +342,13 @@ def remat(
     """
     static = _normalise_static_argnums(static_argnums)
     chosen = remat_policy(policy)
-    if chosen is None:
+    plain = chosen is None
+    if plain and not shared:
         return fn
+    if plain:
+        chosen = remat_policy("everything_saveable")
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    share = _Shared(f"ember.remat.{name}") if shared else None
 
     @functools.wraps(fn)
     def rematted(*args: Any, **kwargs: Any) -> Any:
@@ -313,13 +378,18 @@ def remat(
             return fn(*call_args, **kw)
 
         tensors = [leaves[i] for i in tensor_idx]
+        if plain and not sharing(under_transforms=True):  # the autograd.Function runs below them
+            return fn(*args, **kwargs)
         if torch.compiler.is_dynamo_compiling():
             if _CHECKPOINT_FAILS_UNDER_COMPILED_FUNC_GRAD:
                 return call(tensors)
             return torch.utils.checkpoint.checkpoint(
                 lambda *ts: call(ts), *tensors, use_reentrant=False, preserve_rng_state=False
             )
-        plan = _Plan(call, chosen)
+        key = None
+        if share is not None and not static_pos:  # static arguments are objects: they cannot key a body
+            key = (repr(spec), tuple(consts))
+        plan = _Plan(call, chosen, share if key is not None else None, key)
         outs = _RematFunction.apply(plan, *tensors)
         return plan.rebuild(outs)
 

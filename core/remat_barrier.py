@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .compat import functorch as _levels
+from .compat.xla_loop import inside_xla_fold
 
 __all__: List[str] = []
 
@@ -57,6 +58,8 @@ def tie_to_gradient(saved: Sequence[Tensor], grads: Sequence[Optional[Tensor]]) 
     if not after or not picked:
         return list(saved)
     if _levels.functorch_base(saved[picked[0]]).device.type == "xla":
+        if inside_xla_fold():
+            return list(saved)
         import torch_xla.core.xla_model as xm
 
         xm.optimization_barrier_([_levels.functorch_base(t) for t in (*saved, *after)])

@@ -12,6 +12,8 @@ op, which other results to keep, like `jax.checkpoint_policies`:
   batched products are recomputed too.
 - `save_names("qkv", ...)` (on the command line `"save:qkv,mlp_hidden"`): the tensors the block
   tagged with `checkpoint_name(x, "qkv")`.
+- `"everything_saveable"`: every result; nothing is recomputed (what a plain block keeps, or a
+  little more). `Stacked` uses it to share one compiled body across layers without remat.
 - `"none"` turns remat off (the block runs as written).
 
 How it works: while the block's forward runs, a dispatch mode records the outputs the policy keeps
@@ -52,13 +54,14 @@ class RematPolicy:
     name: str
     ops: FrozenSet[str] = frozenset()
     names: FrozenSet[str] = frozenset()
+    everything: bool = False
 
     @property
     def saves_anything(self) -> bool:
-        return bool(self.ops or self.names)
+        return bool(self.ops or self.names or self.everything)
 
     def saves_op(self, func: Any) -> bool:
-        return _packet_name(func) in self.ops
+        return self.everything or _packet_name(func) in self.ops
 
 
 def save_names(*names: str) -> RematPolicy:
@@ -77,6 +80,7 @@ _NAMED = {
     "dots_with_no_batch_dims_saveable": RematPolicy(
         "dots_with_no_batch_dims_saveable", ops=frozenset(_WEIGHT_DOTS)
     ),
+    "everything_saveable": RematPolicy("everything_saveable", everything=True),
 }
 POLICY_NAMES: Tuple[str, ...] = ("none", *_NAMED, "save:<name>,...")
 """Every policy name `remat_policy` accepts (`save:` takes the `checkpoint_name` tags to keep)."""

@@ -1,13 +1,14 @@
 """Function transforms: gradients, vectorisation, activation checkpointing and loops.
 
-Public names: `grad`, `value_and_grad`, `vmap`, `remat`, `checkpoint_name`, `scan`, `stack_trees`,
-`unstack_trees`.
+Public names: `grad`, `value_and_grad`, `vmap`, `remat`, `checkpoint_name`, `scan`, `shared_call`,
+`stack_trees`, `unstack_trees`.
 
 `grad`, `value_and_grad` and `vmap` are thin layers over `torch.func` with JAX's calling
 conventions (`value_and_grad` returns `(value, grads)`, not torch's `(grads, value)`) and errors
 that say what the function returned and how to fix it. `remat` lives in `ember.core.remat` (its
 policies and `checkpoint_name` in `ember.core.remat_policies`),
-`scan` / `stack_trees` / `unstack_trees` in `ember.core.scan`; import all of them from here.
+`scan` / `stack_trees` / `unstack_trees` in `ember.core.scan`, `shared_call` in
+`ember.core.shared_call`; import all of them from here.
 
 Every transform traces whole under `torch.compile(fullgraph=True)`: the checks look only at the
 structure of what a function returns (types, tuple lengths, shapes, dtypes), never at tensor values.
@@ -38,12 +39,14 @@ from .remat_policies import checkpoint_name as checkpoint_name
 from .scan import scan as scan
 from .scan import stack_trees as stack_trees
 from .scan import unstack_trees as unstack_trees
+from .shared_call import shared_call as shared_call
 
 __all__ = [
     "checkpoint_name",
     "grad",
     "remat",
     "scan",
+    "shared_call",
     "stack_trees",
     "unstack_trees",
     "value_and_grad",

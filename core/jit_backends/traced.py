@@ -36,6 +36,7 @@ from ..compat.inductor import DataDependentError, cacheable_compile_context, tra
 from ..compat.inductor_batching import batched_cpu_kernels
 from ..compat.inductor_frees import frees_after_last_read
 from ..compat.inductor_isa import vec_isa_probe_memo
+from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
 
 __all__ = ["FxCompiled"]
@@ -158,7 +159,7 @@ class FxCompiled:
             with cacheable_compile_context():
                 return self._compiler(gm, unique)
 
-        patches = [("frees_after_last_read", frees_after_last_read)]
+        patches = [("frees_after_last_read", frees_after_last_read), ("shared_subgraph", shared_subgraphs)]
         if any(t.device.type == "cpu" for t in unique):
             # The ISA checks start first, so they run (or are remembered) while the step is traced.
             patches = [("vec_isa_probe_memo", vec_isa_probe_memo), *patches,

@@ -14,8 +14,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..pytree import keystr, tree_flatten_with_path, tree_map, tree_unflatten
+from ..compat.xla_loop import xla_fold
+from ..pytree import keystr, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 from ..random import fold_in
+from ..shared_call import shared_call
 from ..transforms import value_and_grad
 from ..tree_math import (
     apply_updates,
@@ -208,24 +210,30 @@ def train_step(
         (value, (aux, count)), grads = value_and_grad(objective, has_aux=True)(params)
         return tree_cast(grads, accumulate_dtype), value, count.get("count"), _aux_f32(aux)
 
+    def microbatch(params: Params, chunk: Batch, key: Optional[Key]):
+        """One microbatch's summed gradients, value and count (a `TokenLoss`), or its mean's."""
+        grads, value, count, aux = loss_and_grads(params, chunk, key)
+        if count is not None:  # token-weighted: back from this microbatch's mean to its sum
+            weight = count.clamp(min=1.0)
+            grads, value = tree_map(lambda g: g * weight.to(g.dtype), grads), value * weight
+        return grads, value, count, aux
+
     def accumulate(params: Params, batch: Batch, step_key: Optional[Key]):
         batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
         if microbatches == 1:  # the batch's own mean (token-weighted for a TokenLoss) is the answer
             return loss_and_grads(params, batch, step_key)
-        # A Python loop: it unrolls at trace time into `microbatches` forward/backward passes.
-        for i, chunk in enumerate(split_microbatches(batch, microbatches)):
-            key_i = fold_in(step_key, i) if step_key is not None else None
-            grads_i, value_i, count_i, aux_i = loss_and_grads(params, chunk, key_i)
-            if count_i is not None:  # token-weighted: back from this microbatch's mean to its sum
-                weight = count_i.clamp(min=1.0)
-                grads_i, value_i = tree_map(lambda g: g * weight.to(g.dtype), grads_i), value_i * weight
-            if i == 0:
-                grads, value, count, aux = grads_i, value_i, count_i, aux_i
-                continue
-            grads = tree_add(grads, grads_i)
-            value = value + value_i
-            count = count + count_i if count is not None else None
-            aux = {k: aux[k] + aux_i[k] for k in aux}
+        # Compile time stays flat in `microbatches`: under jit(backend="inductor") every microbatch
+        # is a call of one compiled body (`shared_call`); on XLA microbatches 2..k run as one While.
+        chunks = split_microbatches(batch, microbatches)
+        keys = [fold_in(step_key, i) if step_key is not None else None for i in range(microbatches)]
+        total = shared_call(microbatch, "ember.train_step.microbatch", params, chunks[0], keys[0])
+        rolled = _fold_on_xla(lambda acc, x: _add_microbatch(acc, microbatch(params, *x)), total,
+                              batch, step_key, microbatches)
+        if rolled is None:
+            for chunk, key in zip(chunks[1:], keys[1:]):
+                total = _add_microbatch(total, shared_call(microbatch, "ember.train_step.microbatch",
+                                                           params, chunk, key))
+        grads, value, count, aux = total if rolled is None else rolled
         aux = {k: v / microbatches for k, v in aux.items()}
         if count is not None:
             # The summed totals are divided once by every valid token of the step (none gives 0, not NaN).
@@ -286,6 +294,27 @@ def train_step(
         return new_state, metrics
 
     return step
+
+
+def _add_microbatch(total: Tuple[Any, ...], new: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """`(grads, value, count, aux)` summed leaf by leaf (count None for mean losses)."""
+    grads, value, count, aux = total
+    grads_i, value_i, count_i, aux_i = new
+    count = count + count_i if count is not None else None
+    return tree_add(grads, grads_i), value + value_i, count, {k: aux[k] + aux_i[k] for k in aux}
+
+
+def _fold_on_xla(add: Callable, total: Tuple[Any, ...], batch: Batch, step_key: Optional[Key],
+                 microbatches: int) -> Optional[Tuple[Any, ...]]:
+    """Microbatches 2..k added into `total` by one XLA While, or None off XLA (the caller loops)."""
+    leaves = tree_leaves(batch)
+    if not leaves or not all(isinstance(x, Tensor) and x.device.type == "xla" for x in leaves):
+        return None
+    rest = tree_map(lambda t: t.reshape(microbatches, t.shape[0] // microbatches, *t.shape[1:])[1:], batch)
+    keys = None
+    if step_key is not None:
+        keys = fold_in(step_key, torch.arange(1, microbatches, dtype=torch.int64, device=step_key.device))
+    return xla_fold(add, total, (rest, keys))
 
 
 def _aux_f32(aux: Dict[str, Tensor]) -> Dict[str, Tensor]:

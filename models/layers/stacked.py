@@ -131,7 +131,7 @@ class Stacked(Module):
 
     def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
-        fn = _remat(self.layer.apply, policy=self.remat)
+        fn = _remat(self.layer.apply, policy=self.remat, shared=True)
         keys = _layer_keys(key, self.num_layers)
         if keys is None:
 

@@ -17,7 +17,7 @@ from ember.core.testing import assert_trees_all_close
 from ember.core.transforms import grad, value_and_grad, vmap
 from ember.models import Llama3Config
 
-POLICIES = ["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "save:hidden"]
+POLICIES = ["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "save:hidden", "everything_saveable"]
 
 
 def block(p, x):
@@ -79,6 +79,8 @@ def test_traced_step_recomputes_what_each_policy_leaves_out():
     assert ops["dots_with_no_batch_dims_saveable"][attn] == 2 * none[attn]
     # save:hidden keeps gelu's output: gelu never runs twice (its input, x @ w1, does, for gelu's backward).
     assert ops["save:hidden"]["gelu"] == none["gelu"] and ops["save:hidden"][attn] == 2 * none[attn]
+    # everything_saveable: nothing runs twice.
+    assert all(ops["everything_saveable"][op] == none[op] for op in ("mm", attn, "gelu"))
 
 
 def test_checkpoint_name_outside_remat_is_identity():

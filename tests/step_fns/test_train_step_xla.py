@@ -19,7 +19,10 @@ SCRIPT = textwrap.dedent(
     from ember.core.step_fns import cross_entropy, train_step
     from ember.core.testing import run_on_backends
 
+    calls = []
+
     def loss_fn(params, batch, *, key):
+        calls.append(batch["x"].device.type)
         h = random.dropout(key, torch.tanh(batch["x"] @ params["w1"]), 0.25)  # (B, 16)
         return cross_entropy(h @ params["w2"], batch["y"])                    # (B, 4) logits
 
@@ -29,12 +32,13 @@ SCRIPT = textwrap.dedent(
     batches = [{"x": random.normal(random.key(10 + i), (8, 8)),
                 "y": random.randint(random.key(20 + i), (8,), 0, 4)} for i in range(3)]
     batches[2]["x"][0, 0] = float("nan")  # the skip path must agree too
-    out = run_on_backends(train_step(loss_fn, microbatches=2), state, batches,
+    out = run_on_backends(train_step(loss_fn, microbatches=4), state, batches,
                           backends=("eager", "xla"), rtol=1e-5, atol=1e-6)
     final, metrics = out["xla"]
     print(json.dumps({"losses": [m["loss"].item() for m in metrics],
                       "skipped": [m["skipped"].item() for m in metrics],
-                      "step": int(final.step), "skipped_steps": int(final.skipped_steps)}))
+                      "step": int(final.step), "skipped_steps": int(final.skipped_steps),
+                      "xla_traces_of_loss_fn": calls.count("xla")}))
     """
 )
 
@@ -50,3 +54,5 @@ def test_train_step_on_xla_matches_eager():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["skipped"] == [0.0, 0.0, 1.0] and result["skipped_steps"] == 1, result
     assert result["step"] == 3, result
+    # 4 microbatches: the first is traced inline, the other three are one While body (per step).
+    assert result["xla_traces_of_loss_fn"] == 3 * 2, result

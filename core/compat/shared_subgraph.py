@@ -1,0 +1,91 @@
+"""One traced and compiled subgraph for repeated calls in ember's Inductor step (microbatches, layers).
+
+A patch (`WORKAROUNDS["shared_subgraph"]`), on inside ember's own `jit(backend="inductor")`
+compiles. A Python loop over microbatches or layers unrolls into the traced graph, so Inductor
+compiles `k` copies of the body. torch's `invoke_subgraph` higher-order op makes every call with
+the same identifier one node pointing at one subgraph, which Inductor lowers once. Its public
+marker, `torch.compiler.nested_compile_region`, acts only under Dynamo; ember traces with
+`make_fx`, where the marker does nothing, so `call_shared` emits the op itself. `make_fx` keeps
+one subgraph per identifier only inside a `TracingContext`, which the patch provides while ember
+traces. Where the op is not used (eagerly, on XLA, under Dynamo, under `vmap`, or with the patch
+off) `call_shared` is a plain call: the same numbers, unrolled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable, Iterator, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["call_shared", "function_index", "shared_subgraphs", "sharing"]
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def shared_subgraphs() -> Iterator[None]:
+    """While ember traces a step: `call_shared` emits `invoke_subgraph`, and one trace per identifier is kept."""
+    from torch._guards import TracingContext, tracing
+
+    before = getattr(_state, "active", False)
+    _state.active = True
+    try:
+        if TracingContext.try_get() is None:
+            with tracing(TracingContext(None)):  # holds make_fx's subgraph cache; no fake mode of its own
+                yield
+        else:
+            yield
+    finally:
+        _state.active = before
+
+
+def sharing(*, under_transforms: bool = False) -> bool:
+    """Whether a call here would become a shared subgraph: ember's make_fx trace, outside any shared
+    body, and (unless `under_transforms`, for a caller that steps below them itself) no functorch
+    transform active."""
+    return (getattr(_state, "active", False) and not getattr(_state, "inside", False)
+            and torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling()
+            and (under_transforms or torch._C._functorch.maybe_current_level() is None))
+
+
+def function_index(fn: Callable, name: str) -> int:
+    """`fn`'s rank among the distinct functions that used `name` in this trace (0 for the first).
+
+    Kept on the trace's `TracingContext`, which holds the functions alive, so no two functions
+    of one trace share an identifier even if one of them is garbage-collected meanwhile.
+    """
+    from torch._guards import TracingContext
+
+    registry = TracingContext.get().__dict__.setdefault("_ember_shared_functions", {})
+    seen = registry.setdefault(name, [])
+    for i, known in enumerate(seen):
+        if known is fn:
+            return i
+    seen.append(fn)
+    return len(seen) - 1
+
+
+def call_shared(fn: Callable[..., Sequence[Tensor]], identifier: str,
+                tensors: Sequence[Tensor]) -> Tuple[Tensor, ...]:
+    """`tuple(fn(*tensors))`, traced once per `identifier` and compiled once when `sharing()`.
+
+    `fn` takes and returns tensors only, must not mutate or return its inputs, and must give the
+    same graph for every call with the same `identifier` (the caller puts shapes and constants in it).
+    """
+    if not sharing():
+        return tuple(fn(*tensors))
+    from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+    def body(*ts: Tensor) -> Tuple[Tensor, ...]:
+        # Calls inside a shared body run plainly: Inductor does not lower a subgraph nested in
+        # another (torch 2.15: "both a fallback and a decomp for same op: aten.t.default").
+        _state.inside = True
+        try:
+            return tuple(fn(*ts))
+        finally:
+            _state.inside = False
+
+    return tuple(invoke_subgraph(body, identifier, *tensors))

@@ -1,0 +1,114 @@
+"""`shared_call`: repeated calls trace and compile one body in ember's Inductor step, and stay exact."""
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ember.core import jit
+from ember.core.shared_call import shared_call
+from ember.core.transforms import remat, value_and_grad
+
+
+def _counting(fn):
+    def counted(*args):
+        counted.calls += 1
+        return fn(*args)
+
+    counted.calls = 0
+    return counted
+
+
+def _mlp(p, x):
+    return {"h": torch.tanh(x @ p["w"]), "n": None}
+
+
+def test_nested_compile_region_still_inlines_under_make_fx():
+    """When torch's public marker emits its subgraph under make_fx, drop the `shared_subgraph` patch for it."""
+    region = torch.compiler.nested_compile_region(lambda x: torch.sin(x) * 2)
+    gm = make_fx(lambda x: region(region(x)), tracing_mode="fake")(torch.ones(3))
+    assert not any("invoke_subgraph" in str(n.target) for n in gm.graph.nodes)
+
+
+def test_repeated_calls_trace_one_body_and_match_eager():
+    body = _counting(_mlp)
+
+    def run(p, xs):
+        return [shared_call(body, "test.mlp", p, x)["h"] for x in xs] + [shared_call(body, "test.mlp", p, xs[0][:1])["h"]]
+
+    p = {"w": torch.randn(4, 4)}
+    xs = [torch.randn(2, 4) for _ in range(5)]
+    want = run(p, xs)
+    assert body.calls == 6  # eagerly: a plain call each time
+    body.calls = 0
+    got = jit(run)(p, xs)
+    assert body.calls == 2  # compiled: one trace per signature (five (2, 4) calls, one (1, 4))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want))  # Inductor's tanh vs eager's
+
+
+def test_functions_sharing_a_name_do_not_share_a_body():
+    def run(x):
+        a = shared_call(lambda t: t + 1, "test.same", x)
+        return a, shared_call(lambda t: t * 3, "test.same", x)
+
+    got = jit(run)(torch.ones(2))
+    assert got[0].tolist() == [2.0, 2.0] and got[1].tolist() == [3.0, 3.0]
+
+
+def test_constants_key_the_body_and_objects_fall_back_to_a_plain_call():
+    body = _counting(lambda x, scale, fn: fn(x) * scale)
+
+    def run(x):
+        return (shared_call(body, "test.c", x, 2.0, torch.sin), shared_call(body, "test.c", x, 3.0, torch.sin),
+                shared_call(body, "test.c", x, 3.0, torch.cos))
+
+    x = torch.rand(3)
+    got = jit(run)(x)
+    want = (torch.sin(x) * 2, torch.sin(x) * 3, torch.cos(x) * 3)
+    assert all(torch.allclose(a, b) for a, b in zip(got, want))
+    assert body.calls == 3  # a function argument cannot key a body: each call runs plainly
+
+
+def test_train_step_traces_one_microbatch_body(tiny_lm=None):
+    from ember import optim
+    from ember.core import TrainState, random
+    from ember.core.step_fns import train_step
+
+    calls = []
+
+    def loss_fn(params, batch, *, key):
+        calls.append(1)
+        return ((batch["x"] @ params["w"] - batch["y"]) ** 2).mean()
+
+    state = TrainState.create(params={"w": torch.zeros(3, 2)}, tx=optim.sgd(0.1), key=random.key(0))
+    batch = {"x": torch.randn(8, 3), "y": torch.randn(8, 2)}
+    want_state, want = train_step(loss_fn, microbatches=4)(state, batch)
+    assert len(calls) == 4
+    calls.clear()
+    got_state, got = jit(train_step(loss_fn, microbatches=4))(state, batch)
+    assert len(calls) == 1
+    assert torch.allclose(got["loss"], want["loss"]) and torch.allclose(got_state.params["w"], want_state.params["w"])
+
+
+@pytest.mark.parametrize("policy", ["none", "full", "dots_saveable"])
+def test_shared_remat_traces_one_layer_and_gives_the_plain_gradient(policy):
+    traced = []
+
+    def layer(p, x):
+        traced.append(1)
+        return torch.tanh(x @ p["w"]) + x
+
+    shared = remat(layer, policy=policy, shared=True)
+
+    def loss(params, x, f):
+        x = x @ params["embed"]  # so that every layer's input needs a gradient: one backward body
+        for p in params["layers"]:
+            x = f(p, x)
+        return (x ** 2).sum()
+
+    params = {"embed": torch.randn(4, 4), "layers": [{"w": torch.randn(4, 4) / 2} for _ in range(6)]}
+    x = torch.randn(3, 4)
+    want = value_and_grad(loss)(params, x, layer)
+    traced.clear()
+    got = jit(lambda params, x: value_and_grad(loss)(params, x, shared))(params, x)
+    assert len(traced) == 2  # six layers: one forward body, one backward body (which re-runs the layer)
+    torch.testing.assert_close(got, want)
