@@ -7,10 +7,12 @@ for each slice `x` of `xs` along dim 0 and stacks the `y`s. The typical use is a
 identical layers whose parameters are stored stacked (`stack_trees(per_layer_params)`, each leaf
 with a leading `n_layers` dim), applied by scanning the block over them.
 
-`scan` is a Python loop, so under `torch.compile` it is **unrolled**: the graph holds one copy
-of the body per step and compile time grows with the length. torch 2.9's rolled scan operator
-(`torch._higher_order_ops.scan`) fails under `torch.func.grad`, both eagerly ("view functorch
-tensors are not supported by meta conversion") and compiled, so ember does not use it.
+`scan` is a Python loop, so a compiled graph holds one copy of the body per step. What keeps
+compile time flat in the length is making the body one shared subgraph: `remat(body, shared=True)`
+(what `Stacked` does) traces and compiles a layer's forward and backward once under
+`jit(backend="inductor")` and calls them per step. torch's rolled scan operator
+(`torch._higher_order_ops.scan`) fails under `torch.func.grad` (2.9: "view functorch tensors are
+not supported by meta conversion"; 2.15: "Expected FakeTensor"), so ember does not use it.
 
 Example:
     >>> import torch
@@ -175,13 +177,14 @@ def scan(
     return carry, stack_trees(ys, what="scan ys")
 
 
-def stack_trees(trees: Sequence[PyTree], *, what: str = "trees") -> PyTree:
+def stack_trees(trees: Sequence[PyTree], *, what: str = "trees", fix: str = "Every tree must match.") -> PyTree:
     """Stack a list of same-structured pytrees leaf by leaf along a new dim 0.
 
     Args:
         trees: a non-empty list of pytrees with the same structure, shapes and dtypes
             (e.g. the params of each layer). A leaf that is None in every tree stays None.
         what: how to name the trees in error messages.
+        fix: the sentence that ends a mismatch error (what the caller can do instead).
 
     Returns:
         One pytree whose leaves have shape `(len(trees), *leaf.shape)`.
@@ -208,7 +211,7 @@ def stack_trees(trees: Sequence[PyTree], *, what: str = "trees") -> PyTree:
         if spec_k != spec:
             raise ValueError(
                 f"{what}[{k}] has a different structure from {what}[0]:\n"
-                f"  {what}[0]: {spec}\n  {what}[{k}]: {spec_k}\nEvery tree must match."
+                f"  {what}[0]: {spec}\n  {what}[{k}]: {spec_k}\n{fix}"
             )
         for j, ((path, leaf), (_, ref)) in enumerate(zip(leaves, first)):
             name = keystr(path) or "<root>"
@@ -220,7 +223,7 @@ def stack_trees(trees: Sequence[PyTree], *, what: str = "trees") -> PyTree:
             if leaf.shape != ref.shape or leaf.dtype != ref.dtype:
                 raise ValueError(
                     f"cannot stack {what}: leaf '{name}' is {tuple(ref.shape)} {ref.dtype} in "
-                    f"{what}[0] but {tuple(leaf.shape)} {leaf.dtype} in {what}[{k}]."
+                    f"{what}[0] but {tuple(leaf.shape)} {leaf.dtype} in {what}[{k}]. {fix}"
                 )
             columns[j].append(leaf)
     return tree_unflatten([torch.stack(col) if col else None for col in columns], spec)

@@ -44,6 +44,15 @@ def _ratio(value, base):
     return f"{value / base:.2f}x" if base > 0 else "n/a"
 
 
+def _flag(name, value):
+    """One command-line override: booleans are flags (`--model.scan-layers` / `--model.no-scan-layers`)."""
+    if isinstance(value, bool):
+        section, _, field = name.rpartition(".")
+        flag = field.replace("_", "-") if value else "no-" + field.replace("_", "-")
+        return f"--{section}.{flag}" if section else f"--{flag}"
+    return f"--{name}={value}"
+
+
 def _run_child(spec):
     if spec["what"] == "loss_memory":
         from ember.launch.benchmark.scaling import loss_memory_child
@@ -53,7 +62,7 @@ def _run_child(spec):
     from ember.launch.benchmark.scaling import compile_child, step_memory_child
     from ember.launch.run_config import parse_cli
 
-    config = parse_cli(spec["config"], [f"--{k}={v}" for k, v in spec["overrides"].items()])
+    config = parse_cli(spec["config"], [_flag(k, v) for k, v in spec["overrides"].items()])
     if spec["what"] == "step_memory":
         return {**step_memory_child(config), **spec["overrides"]}
     return {**compile_child(config, backend=spec["backend"]), **spec["overrides"]}

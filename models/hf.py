@@ -246,7 +246,9 @@ def params_from_hf(state: Mapping[str, Tensor], config: Any) -> Params:
     adapter = _adapter_for_config(config, "expected a {}, got {}.")
     params = adapter.params_from_hf(state, config)
     if config.scan_layers:
-        params["blocks"] = stack_trees(params["blocks"], what="blocks")
+        params["blocks"] = stack_trees(
+            params["blocks"], what="blocks",
+            fix="Blocks that differ cannot be scanned: load with scan_layers=False (a list of blocks).")
     _check_params(adapter.model_cls(config), params)
     return params
 

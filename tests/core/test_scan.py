@@ -199,6 +199,14 @@ def test_stack_trees_errors(trees, exc, match):
         stack_trees(trees)
 
 
+def test_stack_trees_errors_end_with_the_callers_fix():
+    """A model loader stacking blocks for scan_layers says what to do when they differ."""
+    fix = "Blocks that differ cannot be scanned: load with scan_layers=False (a list of blocks)."
+    for trees in ([{"w": torch.zeros(2)}, {"v": torch.zeros(2)}], [{"w": torch.zeros(2)}, {"w": torch.zeros(3)}]):
+        with pytest.raises(ValueError, match=r"blocks\[1\].*\n?.*scan_layers=False"):
+            stack_trees(trees, what="blocks", fix=fix)
+
+
 def test_unstack_trees_errors():
     with pytest.raises(ValueError, match=r"tree.a has 3 but tree.b has 2"):
         unstack_trees({"a": torch.zeros(3), "b": torch.zeros(2)})

@@ -35,3 +35,14 @@ def test_ratios_to_a_baseline_that_measured_nothing_read_n_a():
     from ember.launch.bench_scale import _ratio
 
     assert _ratio(1, 2) == "0.50x" and _ratio(5, 0) == "n/a"
+
+
+def test_overrides_become_the_flags_the_run_config_parses():
+    from ember.launch.bench_scale import _flag
+    from ember.launch.run_config import parse_cli
+
+    flags = [_flag("model.scan_layers", True), _flag("model.n_layers", 3), _flag("microbatches", 2)]
+    assert flags == ["--model.scan-layers", "--model.n_layers=3", "--microbatches=2"]
+    config = parse_cli("llama3_tiny", flags)
+    assert config.model.scan_layers and config.model.n_layers == 3 and config.microbatches == 2
+    assert not parse_cli("llama3_tiny", [*flags, _flag("model.scan_layers", False)]).model.scan_layers
