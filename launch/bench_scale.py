@@ -6,9 +6,11 @@ compile time with depth and microbatches.
     python launch/bench_scale.py --compile-microbatches 1,4,16  # cold first step with 1, 4, 16 microbatches
     python launch/bench_scale.py --remat-memory none,full,dots_saveable --config llama3_125m \
         --batch 4 --seq 512                                     # compiled step's peak memory per remat policy
+    python launch/bench_scale.py --scan-steady none,full        # warm step time, unrolled vs scan_layers
     python launch/bench_scale.py --loss-memory --compile-depth 4,12,24 --markdown /tmp/scale.md
 
-Every figure comes from its own fresh process (an empty Inductor cache for compile times; glibc's
+Every figure comes from its own fresh process (`--scan-steady` times its two variants side by side
+in one process per policy; otherwise an empty Inductor cache for compile times; glibc's
 mmap threshold pinned at 64 KiB for memory, so freed tensors leave the resident set), and each
 section is reported as ratios to its first row. `--scan` adds `scan_layers=True` rows to the depth
 section; `--backend xla` compiles with torch_xla on a virtual CPU device instead of Inductor.
@@ -26,7 +28,9 @@ TAG = "BENCH_SCALE_RESULT "
 
 def _child(spec):
     """Run one measurement (`spec`: a dict) in a fresh process; return its result dict."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    env = dict(os.environ)
+    if spec["what"].endswith("memory"):  # freed tensors leave the resident set (it slows allocation: not for timings)
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     with tempfile.TemporaryDirectory(prefix="ember_scale_") as cache:
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
         if spec.get("backend") == "xla":
@@ -59,8 +63,12 @@ def _run_child(spec):
 
         return loss_memory_child(spec["variant"], vocab=spec["vocab"], tokens=spec["tokens"],
                                  d_model=spec["d_model"], chunk_size=spec["chunk_size"])
-    from ember.launch.benchmark.scaling import compile_child, step_memory_child
+    from ember.launch.benchmark.scaling import compile_child, scan_steady_child, step_memory_child
     from ember.launch.run_config import parse_cli
+
+    if spec["what"] == "scan_steady":
+        return scan_steady_child({name: parse_cli(spec["config"], [_flag(k, v) for k, v in overrides.items()])
+                                  for name, overrides in spec["variants"].items()})
 
     config = parse_cli(spec["config"], [_flag(k, v) for k, v in spec["overrides"].items()])
     if spec["what"] == "step_memory":
@@ -85,6 +93,21 @@ def remat_memory(args):
     shape = ", ".join(f"{k} {v}" for k, v in _shape_overrides(args).items())
     return (f"Peak transient memory of the compiled train step of `{args.config}` ({shape or 'preset shape'}; "
             "Inductor, AdamW, state donated; gradients included):", rows)
+
+
+def scan_steady(args):
+    rows = ["| remat | unrolled step (ms) | scan_layers step (ms) | scan vs unrolled | same loss |",
+            "|---|---:|---:|---:|---|"]
+    for policy in args.scan_steady.split(","):
+        variants = {str(scan): {"model.remat": policy, "model.scan_layers": scan, **_shape_overrides(args)}
+                    for scan in (False, True)}
+        r = _child(dict(what="scan_steady", config=args.config, variants=variants))
+        plain, scan = r["False"], r["True"]
+        rows.append(f"| {policy} | {plain['step_s'] * 1e3:.1f} | {scan['step_s'] * 1e3:.1f} | "
+                    f"{_ratio(scan['step_s'], plain['step_s'])} | {plain['loss'] == scan['loss']} |")
+        print(rows[-1], flush=True)
+    return (f"Warm compiled step of `{args.config}` (Inductor, AdamW, state donated), unrolled vs "
+            "scan_layers, both in one process, timed alternately (median of 5 rounds of 5 calls):", rows)
 
 
 def loss_memory(args):
@@ -128,8 +151,9 @@ def main(argv=None):
     p.add_argument("--compile-depth", help="comma-separated n_layers for cold compile times")
     p.add_argument("--compile-microbatches", help="comma-separated microbatch counts for cold compile times")
     p.add_argument("--remat-memory", help="comma-separated remat policies: the compiled step's peak memory for each")
-    p.add_argument("--batch", type=int, help="batch size override for --remat-memory")
-    p.add_argument("--seq", type=int, help="sequence length override for --remat-memory")
+    p.add_argument("--scan-steady", help="comma-separated remat policies: warm step time, unrolled vs scan_layers")
+    p.add_argument("--batch", type=int, help="batch size override for --remat-memory / --scan-steady")
+    p.add_argument("--seq", type=int, help="sequence length override for --remat-memory / --scan-steady")
     p.add_argument("--scan", action="store_true", help="also time the depths with scan_layers=True")
     p.add_argument("--config", default="llama3_tiny", help="registered run config for compile times")
     p.add_argument("--backend", choices=["inductor", "xla"], default="inductor")
@@ -146,6 +170,8 @@ def main(argv=None):
         sections.append(loss_memory(args))
     if args.remat_memory:
         sections.append(remat_memory(args))
+    if args.scan_steady:
+        sections.append(scan_steady(args))
     if args.compile_depth:
         sections.append(compile_scaling(args, "model.n_layers", [int(x) for x in args.compile_depth.split(",")],
                                         "layers"))
@@ -153,7 +179,8 @@ def main(argv=None):
         sections.append(compile_scaling(args, "microbatches", [int(x) for x in args.compile_microbatches.split(",")],
                                         "microbatches"))
     if not sections:
-        p.error("choose at least one of --loss-memory, --remat-memory, --compile-depth, --compile-microbatches")
+        p.error("choose at least one of --loss-memory, --remat-memory, --scan-steady, --compile-depth, "
+                "--compile-microbatches")
     text = f"torch {torch.__version__}, {os.cpu_count()} CPU cores.\n\n" + "\n\n".join(
         title + "\n\n" + "\n".join(rows) for title, rows in sections)
     print("\n" + text)

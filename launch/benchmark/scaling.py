@@ -1,6 +1,6 @@
 """Child-process measurements for `launch/bench_scale.py`: loss and step memory, cold compile time.
 
-Public names: `loss_memory_child`, `compile_child`, `step_memory_child`.
+Public names: `loss_memory_child`, `compile_child`, `step_memory_child`, `scan_steady_child`.
 
 Each runs in a fresh process (started by `bench_scale.py` with a pinned `MALLOC_MMAP_THRESHOLD_`, so
 freed tensors leave the resident set, and with its own empty Inductor cache for compile times).
@@ -97,3 +97,25 @@ def step_memory_child(config: Any) -> Dict[str, Any]:
     out = []
     base, peak = memory_peak(lambda: out.append(step(state, batch)), cuda=False)
     return {"transient_bytes": peak - base, "loss": float(out[0][1]["loss"])}
+
+
+def scan_steady_child(configs: Dict[str, Any], *, rounds: int = 5, calls: int = 5) -> Dict[str, Any]:
+    """Median warm step seconds of each config's compiled train step, all built in this process and
+    timed alternately (`rounds` rounds of `calls` calls each), with each one's first loss."""
+    runs = {}
+    for name, config in configs.items():
+        step, state, batch = _step_and_inputs(config, backend="inductor", donate="state")
+        for _ in range(3):  # compile, then warm calls
+            state, metrics = step(state, batch)
+        runs[name] = [step, state, batch, float(metrics["loss"])]
+    times: Dict[str, list] = {name: [] for name in configs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            step, state, batch, _ = run
+            start = time.perf_counter()
+            for _ in range(calls):
+                state, metrics = step(state, batch)
+            float(metrics["loss"])  # host sync
+            times[name].append((time.perf_counter() - start) / calls)
+            run[1] = state
+    return {name: {"step_s": sorted(times[name])[rounds // 2], "loss": runs[name][3]} for name in configs}
