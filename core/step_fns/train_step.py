@@ -222,8 +222,8 @@ def train_step(
         batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
         if microbatches == 1:  # the batch's own mean (token-weighted for a TokenLoss) is the answer
             return loss_and_grads(params, batch, step_key)
-        # Compile time stays flat in `microbatches`: under jit(backend="inductor") every microbatch
-        # is a call of one compiled body (`shared_call`); on XLA microbatches 2..k run as one While.
+        # Each microbatch compiles once, not `microbatches` times: under jit(backend="inductor") every
+        # one is a call of one compiled body (`shared_call`); on XLA microbatches 2..k are one While.
         chunks = split_microbatches(batch, microbatches)
         keys = [fold_in(step_key, i) if step_key is not None else None for i in range(microbatches)]
         total = shared_call(microbatch, "ember.train_step.microbatch", params, chunks[0], keys[0])

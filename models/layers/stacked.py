@@ -13,7 +13,10 @@ same apply key (`split(key, n)[i]`), so for the same weights the two forms compu
 (its axes get a leading `"layers"` name, so the rules can shard or replicate it), and
 `remat="full"` (or another policy of `ember.core.remat_policies`) wraps each layer in
 `ember.core.transforms.remat` (activation checkpointing: the backward pass recomputes a layer's
-activations from its input, keeping only what the policy names, instead of storing them).
+activations from its input, keeping only what the policy names, instead of storing them). Each
+layer runs as `remat(layer, shared=True)`, so inside `jit(backend="inductor")` the layers share one
+compiled forward and one compiled backward; the cost per step is in BENCHMARKS.md ("How the step
+scales").
 
 Example:
     >>> import torch
