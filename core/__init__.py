@@ -1,8 +1,9 @@
 """ember.core: the kernel: pytrees, keys, transforms, jit, TrainState, mesh, protocols, testing helpers.
 
-Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `checkpoint_name`, `scan`,
-`shared_call`, `stack_trees`, `unstack_trees`, `device_for`, `to_device`, `Mesh`, `MeshError`, and the modules
-`pytree`, `random`, `tree_math`, `testing`, `step_fns`, `partition_specs`, `types`.
+Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `remat_scan`,
+`checkpoint_name`, `scan`, `rolled_sum`, `shared_call`, `stack_trees`, `unstack_trees`, `device_for`,
+`to_device`, `Mesh`, `MeshError`, and the modules `pytree`, `random`, `tree_math`, `testing`,
+`step_fns`, `partition_specs`, `types`.
 
 `core` imports nothing else from ember.
 """
@@ -28,6 +29,8 @@ from .train_state import TrainState as TrainState
 from .transforms import checkpoint_name as checkpoint_name
 from .transforms import grad as grad
 from .transforms import remat as remat
+from .transforms import remat_scan as remat_scan
+from .transforms import rolled_sum as rolled_sum
 from .transforms import scan as scan
 from .transforms import shared_call as shared_call
 from .transforms import stack_trees as stack_trees
@@ -56,6 +59,8 @@ __all__ = [
     "pytree",
     "random",
     "remat",
+    "remat_scan",
+    "rolled_sum",
     "scan",
     "shared_call",
     "stack_trees",

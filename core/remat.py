@@ -186,29 +186,10 @@ class _RematFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
-        saved, needs = ctx.saved_tensors, ctx.needs_input_grad[1:]
-        level = _levels.own_grad_level(saved, grad_outputs)
-        if level is None:
-            # A remat nested in another remat's recomputation saved tensors wrapped for a
-            # `torch.func.vjp` level that has since exited; unwrap them as the dispatcher would
-            # (NOTE [functorch vjp and autograd interaction] in torch/_functorch).
-            saved = _levels.unwrap_dead_wrappers(saved)
-            grad_outputs = _levels.unwrap_dead_wrappers(grad_outputs)
-            return (None, *_recompute_vjp(ctx.plan, saved, grad_outputs, needs))
-        # Running the backward of `torch.func.grad`'s own level: functorch runs it with
-        # create_graph=True, so every op here would also be recorded at this level and its
-        # tensors (the recomputed activations included) kept until the whole gradient is done,
-        # which is exactly the memory remat exists to save. Nothing can differentiate a level's
-        # backward at that same level, so compute one level down (outer levels still record,
-        # so grad-of-grad stays exact) and wrap the results back.
-        with _levels.current_interpreter().lower():
-            grads = _recompute_vjp(
-                ctx.plan,
-                [_levels.unwrap_for_grad(t, level) for t in saved],
-                [_levels.unwrap_for_grad(g, level) for g in grad_outputs],
-                needs,
-            )
-        return (None, *(_levels.wrap_for_grad(g, level) for g in grads))
+        needs = ctx.needs_input_grad[1:]
+        grads = _levels.backward_one_level_down(
+            ctx.saved_tensors, grad_outputs, lambda saved, gs: _recompute_vjp(ctx.plan, saved, gs, needs))
+        return (None, *grads)
 
     @staticmethod
     def jvp(ctx: Any, _plan_tangent: None, *tangents: Optional[Tensor]) -> Tuple[Tensor, ...]:

@@ -14,41 +14,43 @@ returns the saved inputs through a barrier that also reads the incoming gradient
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from .compat import functorch as _levels
 from .compat.xla_loop import inside_xla_fold
+from .define_once import define_once
 
 __all__: List[str] = []
 
 
-@torch.library.custom_op("ember::remat_barrier", mutates_args=())
-def _barrier(tensors: List[Tensor], after: List[Tensor]) -> List[Tensor]:
-    return [t.clone() for t in tensors]
+def _define() -> Callable[..., List[Tensor]]:
+    @torch.library.custom_op("ember::remat_barrier", mutates_args=())
+    def barrier(tensors: List[Tensor], after: List[Tensor]) -> List[Tensor]:
+        return [t.clone() for t in tensors]
+
+    @barrier.register_fake
+    def _(tensors: List[Tensor], after: List[Tensor]) -> List[Tensor]:
+        return [torch.empty_like(t) for t in tensors]
+
+    def setup(ctx, inputs, output) -> None:  # noqa: ANN001
+        ctx.n_after = len(inputs[1])
+
+    def backward(ctx, grads):  # noqa: ANN001
+        return list(grads), [None] * ctx.n_after
+
+    barrier.register_autograd(backward, setup_context=setup)
+
+    @barrier.register_vmap
+    def _(info, in_dims, tensors, after):  # noqa: ANN001
+        return [t.clone() for t in tensors], list(in_dims[0])
+
+    return barrier
 
 
-@_barrier.register_fake
-def _(tensors: List[Tensor], after: List[Tensor]) -> List[Tensor]:
-    return [torch.empty_like(t) for t in tensors]
-
-
-def _setup(ctx, inputs, output) -> None:  # noqa: ANN001
-    ctx.n_after = len(inputs[1])
-
-
-def _backward(ctx, grads):  # noqa: ANN001
-    return list(grads), [None] * ctx.n_after
-
-
-_barrier.register_autograd(_backward, setup_context=_setup)
-
-
-@_barrier.register_vmap
-def _(info, in_dims, tensors, after):  # noqa: ANN001
-    return [t.clone() for t in tensors], list(in_dims[0])
+_barrier = define_once("remat_barrier", _define)
 
 
 def tie_to_gradient(saved: Sequence[Tensor], grads: Sequence[Optional[Tensor]]) -> List[Tensor]:

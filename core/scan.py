@@ -7,10 +7,11 @@ for each slice `x` of `xs` along dim 0 and stacks the `y`s. The typical use is a
 identical layers whose parameters are stored stacked (`stack_trees(per_layer_params)`, each leaf
 with a leading `n_layers` dim), applied by scanning the block over them.
 
-`scan` is a Python loop, so a compiled graph holds one copy of the body per step. What keeps
-compile time flat in the length is making the body one shared subgraph: `remat(body, shared=True)`
-(what `Stacked` does) traces and compiles a layer's forward and backward once under
-`jit(backend="inductor")` and calls them per step. torch's rolled scan operator
+`scan` is a Python loop, so a compiled graph holds one copy of the body per step. For a stack of
+rematerialised layers, `remat_scan` keeps compile time flat in the length: the forward and the
+backward are each one rolled loop (a layer compiled once, apart from the step, under
+`jit(backend="inductor")`; an XLA `While` on torch_xla). `remat(body, shared=True)` makes every
+call of one body a shared subgraph instead (the glue between calls still unrolls). torch's rolled scan operator
 (`torch._higher_order_ops.scan`) fails under `torch.func.grad` (2.9: "view functorch tensors are
 not supported by meta conversion"; 2.15: "Expected FakeTensor"), so ember does not use it.
 

@@ -1,14 +1,15 @@
 """Function transforms: gradients, vectorisation, activation checkpointing and loops.
 
-Public names: `grad`, `value_and_grad`, `vmap`, `remat`, `checkpoint_name`, `scan`, `shared_call`,
-`stack_trees`, `unstack_trees`.
+Public names: `grad`, `value_and_grad`, `vmap`, `remat`, `remat_scan`, `checkpoint_name`, `scan`,
+`shared_call`, `rolled_sum`, `stack_trees`, `unstack_trees`.
 
 `grad`, `value_and_grad` and `vmap` are thin layers over `torch.func` with JAX's calling
 conventions (`value_and_grad` returns `(value, grads)`, not torch's `(grads, value)`) and errors
 that say what the function returned and how to fix it. `remat` lives in `ember.core.remat` (its
 policies and `checkpoint_name` in `ember.core.remat_policies`),
 `scan` / `stack_trees` / `unstack_trees` in `ember.core.scan`, `shared_call` in
-`ember.core.shared_call`; import all of them from here.
+`ember.core.shared_call`, `rolled_sum` in `ember.core.rolled_loop`, `remat_scan` in
+`ember.core.remat_scan`; import all of them from here.
 
 Every transform traces whole under `torch.compile(fullgraph=True)`: the checks look only at the
 structure of what a function returns (types, tuple lengths, shapes, dtypes), never at tensor values.
@@ -36,6 +37,8 @@ import torch
 from .pytree import tree_leaves, tree_leaves_with_path
 from .remat import remat as remat
 from .remat_policies import checkpoint_name as checkpoint_name
+from .remat_scan import remat_scan as remat_scan
+from .rolled_loop import rolled_sum as rolled_sum
 from .scan import scan as scan
 from .scan import stack_trees as stack_trees
 from .scan import unstack_trees as unstack_trees
@@ -45,6 +48,8 @@ __all__ = [
     "checkpoint_name",
     "grad",
     "remat",
+    "remat_scan",
+    "rolled_sum",
     "scan",
     "shared_call",
     "stack_trees",

@@ -81,15 +81,16 @@ def _shape_overrides(args):
 
 
 def remat_memory(args):
-    rows = ["| remat | transient MiB | vs first row | loss |", "|---|---:|---:|---:|"]
+    rows = ["| remat | scan_layers | transient MiB | vs first row | loss |", "|---|---|---:|---:|---:|"]
     first = None
-    for policy in args.remat_memory.split(","):
-        r = _child(dict(what="step_memory", config=args.config,
-                        overrides={"model.remat": policy, **_shape_overrides(args)}))
-        first = r["transient_bytes"] if first is None else first
-        rows.append(f"| {policy} | {r['transient_bytes'] / 2**20:,.0f} | {_ratio(r['transient_bytes'], first)} | "
-                    f"{r['loss']:.6f} |")
-        print(rows[-1], flush=True)
+    for scan in ([False, True] if args.scan else [False]):
+        for policy in args.remat_memory.split(","):
+            overrides = {"model.remat": policy, "model.scan_layers": scan, **_shape_overrides(args)}
+            r = _child(dict(what="step_memory", config=args.config, overrides=overrides))
+            first = r["transient_bytes"] if first is None else first
+            rows.append(f"| {policy} | {scan} | {r['transient_bytes'] / 2**20:,.0f} | "
+                        f"{_ratio(r['transient_bytes'], first)} | {r['loss']:.6f} |")
+            print(rows[-1], flush=True)
     shape = ", ".join(f"{k} {v}" for k, v in _shape_overrides(args).items())
     return (f"Peak transient memory of the compiled train step of `{args.config}` ({shape or 'preset shape'}; "
             "Inductor, AdamW, state donated; gradients included):", rows)
@@ -131,14 +132,14 @@ def compile_scaling(args, field, values, label):
     first = None
     for scan in ([False, True] if args.scan and field == "model.n_layers" else [False]):
         for v in values:
-            overrides = {field: v, **({"model.scan_layers": True} if scan else {})}
+            overrides = {field: v, "model.remat": args.remat, **({"model.scan_layers": True} if scan else {})}
             if field == "microbatches":
                 overrides["data.batch_size"] = max(values)
             r = _child(dict(what="compile", config=args.config, backend=args.backend, overrides=overrides))
             first = r["first_call_s"] if first is None else first
             rows.append(f"| {v} | {scan} | {r['first_call_s']:.1f} | {_ratio(r['first_call_s'], first)} |")
             print(rows[-1], flush=True)
-    return f"Cold first step of `{args.config}` ({args.backend}), empty compile cache:", rows
+    return f"Cold first step of `{args.config}` ({args.backend}, remat {args.remat}), empty compile cache:", rows
 
 
 def main(argv=None):
@@ -154,7 +155,9 @@ def main(argv=None):
     p.add_argument("--scan-steady", help="comma-separated remat policies: warm step time, unrolled vs scan_layers")
     p.add_argument("--batch", type=int, help="batch size override for --remat-memory / --scan-steady")
     p.add_argument("--seq", type=int, help="sequence length override for --remat-memory / --scan-steady")
-    p.add_argument("--scan", action="store_true", help="also time the depths with scan_layers=True")
+    p.add_argument("--scan", action="store_true",
+                   help="also measure --compile-depth and --remat-memory with scan_layers=True")
+    p.add_argument("--remat", default="none", help="remat policy of the model in the compile-time rows")
     p.add_argument("--config", default="llama3_tiny", help="registered run config for compile times")
     p.add_argument("--backend", choices=["inductor", "xla"], default="inductor")
     p.add_argument("--markdown", help="also write the tables to this file")

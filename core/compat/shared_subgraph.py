@@ -8,21 +8,24 @@ marker, `torch.compiler.nested_compile_region`, acts only under Dynamo; ember tr
 `make_fx`, where the marker does nothing, so `call_shared` emits the op itself. `make_fx` keeps
 one subgraph per identifier only inside a `TracingContext`, which the patch provides while ember
 traces. Where the op is not used (eagerly, on XLA, under Dynamo, under `vmap`, or with the patch
-off) `call_shared` is a plain call: the same numbers, unrolled.
+off) `call_shared` is a plain call: the same numbers, unrolled. `run_untraced` lets a rolled loop
+(`ember.core.rolled_loop`) learn its body's output shapes inside the same trace without recording
+the body; while the patch is off, `sharing()` is False and rolled loops unroll too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Iterator, Sequence, Tuple
+from typing import Callable, Iterator, Sequence, Tuple, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["call_shared", "function_index", "shared_subgraphs", "sharing"]
+__all__ = ["call_shared", "function_index", "run_untraced", "shared_subgraphs", "sharing"]
 
 _state = threading.local()
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -49,6 +52,18 @@ def sharing(*, under_transforms: bool = False) -> bool:
     return (getattr(_state, "active", False) and not getattr(_state, "inside", False)
             and torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling()
             and (under_transforms or torch._C._functorch.maybe_current_level() is None))
+
+
+def run_untraced(fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)` on the trace's fake tensors without recording it: what it returns, shapes only.
+
+    A rolled loop (`ember.core.rolled_loop`) learns its body's outputs this way; the body itself
+    is compiled apart, so nothing of it belongs in the step's graph.
+    """
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with disable_proxy_modes_tracing():
+        return fn(*args)
 
 
 def function_index(fn: Callable, name: str) -> int:

@@ -9,11 +9,11 @@ once, whatever the trip count, so the step's graph and its compile time stay fla
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from . import warn_once
 
-__all__ = ["inside_xla_fold", "xla_fold"]
+__all__ = ["inside_xla_fold", "xla_fold", "xla_scan"]
 
 _depth = [0]  # not thread-local: autograd may run the body's backward on its XLA device thread
 
@@ -24,22 +24,29 @@ def inside_xla_fold() -> bool:
     return _depth[0] > 0
 
 
-def xla_fold(fn: Callable[[Any, Any], Any], init: Any, xs: Any) -> Optional[Any]:
-    """The final carry of `fn` folded over `xs` in one XLA `While`, or None where torch_xla has no such loop.
+def xla_scan(fn: Callable[[Any, Any], Tuple[Any, Any]], init: Any, xs: Any) -> Optional[Tuple[Any, Any]]:
+    """`jax.lax.scan` of `fn(carry, x) -> (carry, y)` over `xs` as one XLA `While`: the last carry and
+    the stacked `y`s, or None where torch_xla has no such loop (the caller unrolls).
 
     `init` and `xs` are pytrees of XLA tensors; `fn` must return a carry shaped like `init`.
     """
     try:
         from torch_xla.experimental.scan import _scan_impl_pytree
-    except ImportError as err:  # a torch_xla without it: the caller unrolls
-        warn_once("xla_while_loop", f"torch_xla has no forward-only scan ({err}); microbatches unroll.")
+    except ImportError as err:
+        warn_once("xla_while_loop", f"torch_xla has no forward-only scan ({err}); loops unroll.")
         return None
+
     def body(c: Any, x: Any) -> Any:
         _depth[0] += 1
         try:
-            return fn(c, x), None
+            return fn(c, x)
         finally:
             _depth[0] -= 1
 
-    carry, _ = _scan_impl_pytree(body, init, xs)
-    return carry
+    return _scan_impl_pytree(body, init, xs)
+
+
+def xla_fold(fn: Callable[[Any, Any], Any], init: Any, xs: Any) -> Optional[Any]:
+    """The final carry of `fn` folded over `xs` in one XLA `While`, or None (as `xla_scan`)."""
+    out = xla_scan(lambda c, x: (fn(c, x), None), init, xs)
+    return None if out is None else out[0]

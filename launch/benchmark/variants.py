@@ -9,6 +9,7 @@ because it needs its own process (`children.xla_child`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -16,9 +17,10 @@ import torch
 
 from ember.core import TrainState, jit, random
 from ember.core.pytree import tree_map
+from ember.core.scan import stack_trees
 from ember.core.step_fns import train_step
 from ember.core.tree_math import tree_bytes
-from ember.models import lm_loss
+from ember.models import build_model, lm_loss
 from ember.optim.config import from_config
 
 from .jax_baseline import jax_variant
@@ -61,12 +63,22 @@ def ember_variant(s: Setup, *, backend: str, donate: str = "state", compute_dtyp
                          + ("" if patches else ", EMBER_DISABLE_PATCHES=all"))
 
 
+def _scanned_variant(s: Setup) -> Variant:
+    """The donated Inductor step on `s`'s model with its layers stacked and scanned, from the same weights."""
+    model = build_model(s.cfg.family, dataclasses.replace(s.cfg.model, scan_layers=True))
+    scanned = dataclasses.replace(s, model=model, params={**s.params, "blocks": stack_trees(s.params["blocks"])})
+    variant = ember_variant(scanned, backend="inductor")
+    variant.notes += f" with model.scan_layers=True (remat {s.cfg.model.remat!r})"
+    return variant
+
+
 VARIANTS: Dict[str, Callable[[Setup], Variant]] = {
     "ember_inductor_donated": lambda s: ember_variant(s, backend="inductor"),
     "ember_inductor": lambda s: ember_variant(s, backend="inductor", donate="none"),
     "ember_inductor_donated_noskip": lambda s: ember_variant(s, backend="inductor", skip_nonfinite=False),
     "ember_inductor_dynamo": lambda s: ember_variant(s, backend="inductor", tracer="dynamo"),
     "ember_inductor_nondeterministic": lambda s: ember_variant(s, backend="inductor", deterministic=False),
+    "ember_inductor_scan": _scanned_variant,
     "ember_inductor_no_patches": lambda s: ember_variant(s, backend="inductor", patches=False),
     "ember_eager": lambda s: ember_variant(s, backend="eager"),
     "ember_inductor_bf16": lambda s: ember_variant(s, backend="inductor", compute_dtype=torch.bfloat16),

@@ -9,14 +9,13 @@ same apply key (`split(key, n)[i]`), so for the same weights the two forms compu
     Stacked(block, 4).init(k)                 -> tree with a leading (4,) dim on every leaf ("blocks.attn.wq.weight")
     stack_trees(Sequential form) == Stacked form, bit for bit
 
-`Stacked` runs its layers with `ember.core.transforms.scan` over the leading "layers" dimension
-(its axes get a leading `"layers"` name, so the rules can shard or replicate it), and
-`remat="full"` (or another policy of `ember.core.remat_policies`) wraps each layer in
-`ember.core.transforms.remat` (activation checkpointing: the backward pass recomputes a layer's
-activations from its input, keeping only what the policy names, instead of storing them). Each
-layer runs as `remat(layer, shared=True)`, so inside `jit(backend="inductor")` the layers share one
-compiled forward and one compiled backward; the cost per step is in BENCHMARKS.md ("How the step
-scales").
+`Stacked` runs its layers with `ember.core.transforms.remat_scan` over the leading "layers"
+dimension (its axes get a leading `"layers"` name, so the rules can shard or replicate it):
+one rolled loop forward and one backward, a layer compiled once whatever the depth (Inductor and
+torch_xla). `remat="full"` (or another policy of `ember.core.remat_policies`) makes the backward
+recompute each layer's activations from its input, keeping only what the policy names; the default
+`"none"` keeps every result of each layer. `Sequential` wraps each layer in
+`ember.core.transforms.remat` instead. The costs are in BENCHMARKS.md ("How the step scales").
 
 Example:
     >>> import torch
@@ -39,7 +38,7 @@ from torch import Tensor
 from ...core import pytree, random
 from ...core.remat_policies import remat_policy
 from ...core.transforms import remat as _remat
-from ...core.transforms import scan as _scan
+from ...core.transforms import remat_scan
 from ...core.transforms import stack_trees
 from ...core.types import Key, Params, PyTree
 from .module import Module
@@ -134,19 +133,9 @@ class Stacked(Module):
 
     def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
-        fn = _remat(self.layer.apply, policy=self.remat, shared=True)
+
+        def layer(carry: Tensor, xs: Tuple[Params, Optional[Tensor]], kw: Any) -> Tensor:
+            return self.layer.apply(xs[0], carry, key=xs[1], **kw)
+
         keys = _layer_keys(key, self.num_layers)
-        if keys is None:
-
-            def body(carry: Tensor, layer_params: Params) -> Tuple[Tensor, None]:
-                return fn(layer_params, carry, key=None, **kwargs), None
-
-            out, _ = _scan(body, x, params, length=self.num_layers)
-        else:
-
-            def body(carry: Tensor, xs: Tuple[Params, Tensor]) -> Tuple[Tensor, None]:
-                layer_params, layer_key = xs
-                return fn(layer_params, carry, key=layer_key, **kwargs), None
-
-            out, _ = _scan(body, x, (params, keys), length=self.num_layers)
-        return out
+        return remat_scan(layer, x, (params, keys), kwargs, policy=self.remat, name="ember.Stacked")

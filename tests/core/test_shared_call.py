@@ -68,7 +68,7 @@ def test_constants_key_the_body_and_objects_fall_back_to_a_plain_call():
     assert body.calls == 3  # a function argument cannot key a body: each call runs plainly
 
 
-def test_train_step_traces_one_microbatch_body(tiny_lm=None):
+def test_train_step_traces_the_microbatch_body_twice_whatever_k(tiny_lm=None):
     from ember import optim
     from ember.core import TrainState, random
     from ember.core.step_fns import train_step
@@ -83,9 +83,11 @@ def test_train_step_traces_one_microbatch_body(tiny_lm=None):
     batch = {"x": torch.randn(8, 3), "y": torch.randn(8, 2)}
     want_state, want = train_step(loss_fn, microbatches=4)(state, batch)
     assert len(calls) == 4
-    calls.clear()
+    for k in (4, 8):  # the loop is one node: its body is traced for its output shapes, then compiled
+        calls.clear()
+        got_state, got = jit(train_step(loss_fn, microbatches=k))(state, batch)
+        assert len(calls) == 2
     got_state, got = jit(train_step(loss_fn, microbatches=4))(state, batch)
-    assert len(calls) == 1
     assert torch.allclose(got["loss"], want["loss"]) and torch.allclose(got_state.params["w"], want_state.params["w"])
 
 
@@ -111,4 +113,4 @@ def test_shared_remat_traces_one_layer_and_gives_the_plain_gradient(policy):
     traced.clear()
     got = jit(lambda params, x: value_and_grad(loss)(params, x, shared))(params, x)
     assert len(traced) == 2  # six layers: one forward body, one backward body (which re-runs the layer)
-    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # compiled vs eager float32

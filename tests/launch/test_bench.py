@@ -45,6 +45,15 @@ def test_quick_run_reports_every_default_variant(tmp_path):
 
 
 @pytest.mark.slow
+def test_scan_variant_trains_the_same_weights_stacked(tmp_path):
+    res, stdout = _bench(tmp_path, "--variants", "ember_eager,ember_inductor_scan", "--model.n_layers", "2",
+                         "--data.batch_size", "4", "--data.seq_len", "32")
+    first = {name: r["first_loss"] for name, r in res["variants"].items()}
+    assert first["ember_inductor_scan"] == pytest.approx(first["ember_eager"], abs=1e-4)
+    assert "scan_layers=True" in stdout
+
+
+@pytest.mark.slow
 @pytest.mark.xla
 def test_memory_and_xla_children(tmp_path):
     pytest.importorskip("torch_xla")

@@ -19,7 +19,7 @@ POLICIES = ("full", "dots_saveable", "dots_with_no_batch_dims_saveable", "save:q
 VARIANTS = ["none+scan"] + [p + scan for p in POLICIES for scan in ("", "+scan")]
 # Compiled backends take ~20 s per variant on 2 CPU cores: they run a subset covering each policy once.
 COMPILED_VARIANTS = {
-    "llama3": ["full+scan", "dots_saveable", "save:qkv,attn_out,mlp_hidden+scan"],
+    "llama3": ["full+scan", "none+scan", "dots_saveable", "save:qkv,attn_out,mlp_hidden+scan"],
     "gpt2": ["dots_with_no_batch_dims_saveable+scan"],
 }
 

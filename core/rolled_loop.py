@@ -1,0 +1,237 @@
+"""Loops that stay one node of ember's Inductor step: `rolled_sum`, and the op under `remat_scan`.
+
+Public names: `rolled_sum` (also exported from `ember.core.transforms`), and `rolling`, which tells
+a caller whether a loop would roll where it stands.
+
+Inside `jit(backend="inductor")` a Python loop unrolls into the traced graph, and even a shared
+body (`shared_call`) leaves per-iteration glue that AOTAutograd and Inductor pay for. Here the
+loop runs at run time instead: the step's graph holds one `ember::rolled_loop` node, whose
+implementation calls the body, compiled apart by `jit` once for every iteration, on each slice.
+The step's compile time then does not grow with the trip count. Everywhere else (eagerly, on XLA,
+under Dynamo, under `vmap`, with DTensor inputs) the loop is plain Python with the same result.
+
+The node names its loop by an identifier unique in the process (`<name>#<n>:<digest of its output
+shapes>`, in trace order, so a second process tracing the same step names it alike and Inductor's
+on-disk cache still hits); the loop itself is registered by the trace that emits the node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .compat.functorch import only_grad_transforms
+from .compat.shared_subgraph import run_untraced, sharing
+from .define_once import define_once
+from .pytree import tree_flatten, tree_unflatten
+from .types import PyTree
+
+__all__ = ["rolled_sum", "rolling"]
+
+Meta = Tuple[Tuple[int, ...], Tuple[int, ...], torch.dtype, torch.device]  # shape, stride, dtype, device
+
+
+@dataclasses.dataclass
+class _Loop:
+    """A registered loop: `run(inputs) -> outputs`, and what the outputs look like."""
+
+    run: Callable[[List[Tensor]], List[Tensor]]
+    outputs: List[Meta]
+
+
+class _Registry:
+    """The loops registered in this process, and how many each name has had."""
+
+    def __init__(self) -> None:
+        self.loops: Dict[str, _Loop] = {}
+        self.counts: Dict[str, int] = {}
+
+
+def _define_op() -> _Registry:
+    """Define `ember::rolled_loop`, whose kernel runs the loops of `registry`."""
+    registry = _Registry()
+
+    @torch.library.custom_op("ember::rolled_loop", mutates_args=())
+    def rolled_loop(identifier: str, inputs: List[Tensor]) -> List[Tensor]:
+        loop = registry.loops.get(identifier)
+        if loop is None:
+            raise RuntimeError(
+                f"ember::rolled_loop {identifier!r} is not registered in this process: a graph holding "
+                "it runs only where ember's jit traced it. Call the step through ember.core.jit.")
+        outs = loop.run(list(inputs))
+        given = {id(t) for t in inputs}  # an op's output may not be one of its inputs
+        results = []
+        for out, (shape, stride, dtype, device) in zip(outs, loop.outputs):
+            if tuple(out.shape) != shape or out.dtype != dtype:
+                raise RuntimeError(
+                    f"{identifier}: the loop body returned {tuple(out.shape)} {out.dtype} where {shape} "
+                    f"{dtype} was expected; a scanned layer must return a carry shaped like its input.")
+            if id(out) in given or out.stride() != stride:  # laid out as the fake kernel said
+                out = torch.empty_strided(shape, stride, dtype=dtype, device=device).copy_(out)
+            results.append(out)
+        return results
+
+    @rolled_loop.register_fake
+    def _(identifier: str, inputs: List[Tensor]) -> List[Tensor]:
+        return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                for shape, stride, dtype, device in registry.loops[identifier].outputs]
+
+    return registry
+
+
+_REGISTRY = define_once("rolled_loop", _define_op)  # one registry, however often ember is imported
+
+
+def rolling(tree: PyTree) -> bool:
+    """Whether a loop over `tree`'s tensors would run as one `ember::rolled_loop` node here: inside
+    ember's Inductor trace, under no transform but `grad`, with no DTensor among them."""
+    if not (sharing(under_transforms=True) and only_grad_transforms()):
+        return False
+    return all(type(t).__name__ != "DTensor" and t.device.type != "xla"
+               for t in tree_flatten(tree)[0] if isinstance(t, Tensor))
+
+
+def run_loop(name: str, run: Callable[[List[Tensor]], List[Tensor]], inputs: Sequence[Tensor],
+             outputs: Sequence[Meta]) -> List[Tensor]:
+    """One `ember::rolled_loop` node that calls `run(inputs)` at run time; `outputs` describes its results.
+
+    `run` must be pure, must not return its inputs, and returns contiguous tensors.
+    """
+    counts = _REGISTRY.counts
+    counts[name] = counts.get(name, -1) + 1
+    # The outputs' shapes are only in the fake kernel, not in the graph Inductor's cache keys on,
+    # which may treat input sizes as symbolic: put them in the name, or a graph traced for 2 layers
+    # could be loaded for 8.
+    digest = hashlib.sha1(repr(list(outputs)).encode()).hexdigest()[:12]
+    identifier = f"{name}#{counts[name]}:{digest}"
+    _REGISTRY.loops[identifier] = _Loop(run, list(outputs))
+    return list(torch.ops.ember.rolled_loop(identifier, list(inputs)))
+
+
+def dense_strides(t: Tensor) -> Tuple[int, ...]:
+    """The strides of `torch.empty_like(t)`: `t`'s dimension order, without gaps."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))  # outermost first; ties keep their order
+    strides, step = [0] * t.dim(), 1
+    for d in reversed(order):
+        strides[d], step = step, step * t.shape[d]
+    return tuple(strides)
+
+
+def meta(t: Tensor, stacked: int = 0) -> Meta:
+    """How the loop returns `t`, or (`stacked` > 0) `stacked` tensors like `t` stacked along a new
+    first dim, each laid out like `t` (a replayed result must have the strides the forward saw)."""
+    if not stacked:
+        return (tuple(t.shape), dense_strides(t), t.dtype, t.device)
+    return ((stacked, *t.shape), (t.numel(), *dense_strides(t)), t.dtype, t.device)
+
+
+def new_stacked(t: Tensor, length: int) -> Tensor:
+    """An empty buffer for `length` tensors like `t` (`meta(t, length)`)."""
+    shape, stride, dtype, device = meta(t, length)
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
+class Flat:
+    """A pytree split into its tensors (the loop's inputs) and everything else (kept as is)."""
+
+    def __init__(self, tree: PyTree) -> None:
+        leaves, self.spec = tree_flatten(tree)
+        self.positions = [i for i, v in enumerate(leaves) if isinstance(v, Tensor)]
+        self.others = [None if isinstance(v, Tensor) else v for v in leaves]
+        self.tensors: List[Tensor] = [leaves[i] for i in self.positions]
+
+    def rebuild(self, tensors: Sequence[Tensor]) -> PyTree:
+        leaves = list(self.others)
+        for i, t in zip(self.positions, tensors):
+            leaves[i] = t
+        return tree_unflatten(leaves, self.spec)
+
+
+class Compiled:
+    """`jit(fn, **options)`: the loop's body, compiled apart from the step on its first call.
+
+    A call with inputs laid out as never before (which traces and compiles) runs on a fresh
+    thread: inside the step's compiled graph the dispatcher runs an op's kernel with keys that
+    tracing needs excluded (ADInplaceOrView, PythonTLSSnapshot, Functionalize), and those
+    exclusions are thread-local. Grad mode is the caller's, as it is part of what jit compiles for.
+    """
+
+    def __init__(self, fn: Callable, **options: Any) -> None:
+        self.fn, self.options, self.jitted, self.seen = fn, options, None, set()
+
+    def __call__(self, *args: Any) -> Any:
+        layout = (torch.is_grad_enabled(), tuple((t.shape, t.stride(), t.dtype) for t in tree_flatten(args)[0]
+                                                 if isinstance(t, Tensor)))
+        if layout in self.seen:
+            return self.jitted(*args)
+        if self.jitted is None:
+            from .jit import jit  # jit's backends import the tracing context this module reads
+
+            self.jitted = jit(self.fn, backend="inductor", **self.options)
+        result: List[Any] = []
+
+        def call() -> None:
+            try:
+                with torch.set_grad_enabled(layout[0]):
+                    result.append(self.jitted(*args))
+            except BaseException as err:  # raised again on the calling thread
+                result.append(err)
+
+        worker = threading.Thread(target=call, name="ember-rolled-loop-compile")
+        worker.start()
+        worker.join()
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        self.seen.add(layout)
+        return result[0]
+
+
+def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTree, *,
+               name: str = "ember.rolled_sum") -> PyTree:
+    """`sum(fn(consts, x) for x in slices of xs along dim 0)`, leaf by leaf; one node in ember's step.
+
+    In `jit(backend="inductor")` the sum runs as one `ember::rolled_loop` node: `fn` is compiled
+    once apart from the step, and its results are accumulated in place (donated). Elsewhere it is
+    a Python loop. Non-tensor leaves of `fn`'s result (a `None`) must be the same every call.
+
+    Args:
+        fn: a pure function of `(consts, x)` returning a pytree of tensors.
+        consts: what every call sees (parameters).
+        xs: pytrees of tensors sliced along their leading dim (microbatches, their keys).
+        name: names the loop in the graph.
+    """
+    xs_flat = Flat(xs)
+    length = xs_flat.tensors[0].shape[0]
+    if not rolling((consts, xs)):
+        total = fn(consts, xs_flat.rebuild([t[0] for t in xs_flat.tensors]))
+        for i in range(1, length):
+            leaves, spec = tree_flatten(total)
+            new = tree_flatten(fn(consts, xs_flat.rebuild([t[i] for t in xs_flat.tensors])))[0]
+            total = tree_unflatten([a + b if isinstance(a, Tensor) else a for a, b in zip(leaves, new)], spec)
+        return total
+    consts_flat = Flat(consts)
+    example = Flat(run_untraced(fn, consts, xs_flat.rebuild([t[0] for t in xs_flat.tensors])))
+
+    def add(acc: List[Tensor], c: List[Tensor], x: List[Tensor]) -> Tuple[List[Tensor]]:
+        out = Flat(fn(consts_flat.rebuild(c), xs_flat.rebuild(x))).tensors
+        return ([a + b.to(a.dtype) for a, b in zip(acc, out)],)
+
+    body = Compiled(add, donate="state")  # the accumulators are updated in place
+
+    def run(inputs: List[Tensor]) -> List[Tensor]:
+        c, x = inputs[: len(consts_flat.tensors)], inputs[len(consts_flat.tensors):]
+        acc = [torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
+               for shape, stride, dtype, device in outputs]
+        for i in range(length):
+            (acc,) = body(acc, c, [t[i] for t in x])
+        return acc
+
+    outputs = [meta(t) for t in example.tensors]
+    results = run_loop(name, run, [*consts_flat.tensors, *xs_flat.tensors], outputs)
+    return example.rebuild(results)
+

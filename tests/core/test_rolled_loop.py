@@ -1,0 +1,168 @@
+"""Rolled loops (`rolled_sum`, `remat_scan`): one node of the compiled step, a body compiled once, the plain results."""
+
+import pytest
+import torch
+
+from ember.core import jit
+from ember.core.rolled_loop import _REGISTRY
+from ember.core.transforms import grad, remat, rolled_sum, remat_scan, scan, value_and_grad, vmap
+
+
+def _loops(prefix):
+    return [k for k in _REGISTRY.loops if k.startswith(prefix + "#")]
+
+
+def test_rolled_sum_compiles_its_body_once_whatever_the_length():
+    traced = []
+
+    def contribution(w, x):
+        traced.append(1)
+        return {"sq": (x @ w).pow(2).sum(0), "n": torch.ones(()), "none": None}
+
+    w = torch.randn(3, 2)
+    for length in (3, 9):
+        xs = torch.randn(length, 4, 3)
+        want = {"sq": sum((x @ w).pow(2).sum(0) for x in xs), "n": torch.tensor(float(length)), "none": None}
+        before = len(_loops("test.sum"))
+        traced.clear()
+        got = jit(lambda w, xs: rolled_sum(contribution, w, xs, name="test.sum"))(w, xs)
+        assert len(traced) == 2  # once for the output shapes, once compiled; never per slice
+        assert len(_loops("test.sum")) == before + 1
+        torch.testing.assert_close(got["sq"], want["sq"])
+        assert float(got["n"]) == length and got["none"] is None
+        eager = rolled_sum(contribution, w, xs)  # outside ember's trace: a Python loop
+        torch.testing.assert_close(eager["sq"], want["sq"])
+
+
+def _layer(h, x, consts):
+    w, key = x
+    scale, flag = consts["scale"], consts["flag"]
+    out = torch.tanh(h @ w["w"] + w["b"]) * scale + h
+    noise = (key.to(h.dtype).sum() * 1e-3) if flag else 0.0  # an integer per-layer input
+    return out + noise
+
+
+def _stack(length, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    params = {"w": torch.randn(length, 4, 4, generator=g) / 2, "b": torch.randn(length, 4, generator=g)}
+    keys = torch.arange(2 * length, dtype=torch.int64).reshape(length, 2)
+    return params, keys
+
+
+def _loss_rolled(params, h, scale, keys, policy="full"):
+    h = remat_scan(_layer, h, (params, keys), {"scale": scale, "flag": True}, policy=policy)
+    return (h ** 2).sum()
+
+
+def _loss_plain(params, h, scale, keys):
+    h = scan(lambda c, x: (_layer(c, x, {"scale": scale, "flag": True}), None), h, (params, keys))[0]
+    return (h ** 2).sum()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+@pytest.mark.parametrize("policy", ["full", "dots_saveable", "none"])
+def test_remat_scan_gives_the_plain_gradients(compiled, policy):
+    params, keys = _stack(5)
+    h, scale = torch.randn(3, 4), torch.tensor(0.7)
+    want = value_and_grad(_loss_plain, argnums=(0, 1, 2))(params, h, scale, keys)
+    fn = lambda p, h, s, k: value_and_grad(_loss_rolled, argnums=(0, 1, 2))(p, h, s, k, policy)  # noqa: E731
+    before = _loops("ember.remat_scan")
+    got = jit(fn)(params, h, scale, keys) if compiled else fn(params, h, scale, keys)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    new = [k for k in _loops("ember.remat_scan") if k not in before]
+    assert len(new) == (1 if compiled else 0)
+    if compiled:  # the forward loop hands the backward each layer's input and what the policy kept
+        kept = len(_REGISTRY.loops[new[0]].outputs) - 2
+        assert (kept == 0) == (policy == "full") and (policy != "none" or kept > 4)
+
+
+def test_remat_scan_traces_the_layer_the_same_number_of_times_at_any_depth():
+    traced = []
+
+    def layer(h, w, _):
+        traced.append(1)
+        return torch.tanh(h @ w)
+
+    counts = []
+    for length in (2, 8):
+        ws = torch.randn(length, 4, 4) / 2
+        traced.clear()
+        jit(grad(lambda ws, h: remat_scan(layer, h, ws).sum()))(ws, torch.randn(3, 4))
+        counts.append(len(traced))
+    assert counts[0] == counts[1] and counts[0] <= 4  # forward body, the vjp body, and their traces
+
+
+def test_remat_scan_computes_only_the_gradients_asked_for():
+    params, keys = _stack(3)
+    h = torch.randn(2, 4)
+    frozen = lambda h: _loss_rolled(params, h, torch.tensor(1.0), keys)  # noqa: E731  params are constants
+    plain = lambda h: _loss_plain(params, h, torch.tensor(1.0), keys)  # noqa: E731
+    torch.testing.assert_close(jit(grad(frozen))(h), grad(plain)(h), rtol=1e-5, atol=1e-5)
+    backward = _loops("ember.remat_scan.backward")[-1]
+    assert len(_REGISTRY.loops[backward].outputs) == 1  # the carry's gradient only
+
+
+def test_remat_scan_under_vmap_and_grad_of_grad_runs_plainly():
+    params, keys = _stack(3)
+    hs = torch.randn(2, 3, 4)
+    per_example = vmap(lambda h: _loss_rolled(params, h, torch.tensor(1.0), keys))(hs)
+    torch.testing.assert_close(per_example, torch.stack([_loss_plain(params, h, torch.tensor(1.0), keys) for h in hs]))
+    second = grad(lambda s: grad(lambda h: _loss_rolled(params, h, s, keys))(hs[0]).sum())(torch.tensor(1.0))
+    want = grad(lambda s: grad(lambda h: _loss_plain(params, h, s, keys))(hs[0]).sum())(torch.tensor(1.0))
+    torch.testing.assert_close(second, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_that_changes_the_carry_shape_is_a_clear_error():
+    ws = torch.randn(2, 4, 3)
+    with pytest.raises(ValueError, match="carry shaped like its input"):
+        jit(grad(lambda ws, h: remat_scan(lambda h, w, _: h @ w, h, ws).sum()))(ws, torch.randn(3, 4))
+
+
+def test_remat_scan_matches_remat_per_layer_when_rolling_is_impossible():
+    # remat of a remat_scan: the inner loop is below remat's own autograd.Function, so it runs plainly.
+    params, keys = _stack(2)
+    h = torch.randn(2, 4)
+    outer = remat(lambda h: _loss_rolled(params, h, torch.tensor(1.0), keys))
+    torch.testing.assert_close(jit(grad(outer))(h), grad(lambda h: _loss_plain(params, h, torch.tensor(1.0), keys))(h),
+                               rtol=1e-5, atol=1e-5)
+
+
+XLA_SCRIPT = """
+import json, sys, torch
+sys.path.insert(0, {here!r})
+import importlib
+rs = importlib.import_module("ember.core.remat_scan")
+from ember.core import jit
+from ember.core.rolled_loop import _REGISTRY
+from ember.core.device import device_for, to_device
+from ember.core.transforms import value_and_grad
+from test_rolled_loop import _loss_plain, _loss_rolled, _stack
+
+loops = []
+scan_on_xla = rs.xla_scan
+rs.xla_scan = lambda *a: (loops.append(1), scan_on_xla(*a))[1]
+params, keys = _stack(5)
+h, scale = torch.randn(3, 4), torch.tensor(0.7)
+want = value_and_grad(_loss_plain, argnums=(0, 1, 2))(params, h, scale, keys)
+step = jit(lambda p, h, s, k: value_and_grad(_loss_rolled, argnums=(0, 1, 2))(p, h, s, k), backend="xla")
+got = to_device(step(*to_device((params, h, scale, keys), device_for("xla"))), torch.device("cpu"))
+torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+print(json.dumps({{"whiles": len(loops), "compiles": step.compile_count}}))
+"""
+
+
+@pytest.mark.xla
+def test_remat_scan_on_xla_is_one_while_each_way_with_the_plain_gradients():
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch_xla", reason="torch_xla is not installed (pip install -e .[xla])")
+    here = str(pathlib.Path(__file__).parent)
+    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="1")
+    proc = subprocess.run([sys.executable, "-c", XLA_SCRIPT.format(here=here)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"whiles": 2, "compiles": 1}
