@@ -25,17 +25,14 @@ from torch import Tensor
 from .compat import functorch as _levels
 from .compat.shared_subgraph import run_untraced, sharing
 from .compat.xla_loop import inside_xla_fold, xla_scan
-from .remat import remat
+from .jit_backends.dtensor_local import has_dtensor
+from .remat import _differentiable, remat
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, remat_policy, unflatten_saved
 from .rolled_loop import Compiled, Flat, meta, new_stacked, rolling, run_loop
 from .scan import scan
 from .types import PyTree
 
 __all__ = ["remat_scan"]
-
-
-def _differentiable(t: Tensor) -> bool:
-    return t.is_floating_point() or t.is_complex()
 
 
 def _floating(tensors: Sequence[Tensor]) -> List[int]:
@@ -46,7 +43,7 @@ class _Plan:
     """The layer as a function of flat tensor lists, and its forward and backward loops.
 
     Saved for the backward, stacked over layers: each layer's input, then what the policy kept
-    (`n_kept` tensors per layer, laid out as `kept_layout`).
+    (laid out as `kept_layout`).
     """
 
     def __init__(self, fn: Callable, xs: Flat, consts: Flat, length: int, policy: RematPolicy, name: str,
@@ -54,7 +51,6 @@ class _Plan:
         self.fn, self.xs, self.consts, self.length, self.name = fn, xs, consts, length, name
         self.policy, self.on_xla = policy, on_xla  # on_xla: the loops are XLA Whiles
         self.kept_layout: Any = ([], [])
-        self.n_kept = 0
         self.compiled_layer = Compiled(self.recorded_layer)
 
     def layer(self, carry: Tensor, x: List[Tensor], c: List[Tensor]) -> Tensor:
@@ -90,7 +86,7 @@ class _Plan:
             with Record(self.policy) as record:
                 out = layer(*args)
             keys, structures, kept = flatten_saved(record.saved)
-            self.kept_layout, self.n_kept = (keys, structures), len(kept)
+            self.kept_layout = (keys, structures)
             return out, kept
 
         out, _, kept = torch.func.vjp(recorded, carry, [x[i] for i in wrt_x], [c[i] for i in wrt_c], has_aux=True)
@@ -249,7 +245,7 @@ class _RematScan(torch.autograd.Function):
 
 def _xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
     """On torch_xla, under no transform but `grad`, and not inside another XLA loop's body."""
-    return (all(t.device.type == "xla" and type(t).__name__ != "DTensor" for t in tensors)
+    return (all(t.device.type == "xla" for t in tensors) and not has_dtensor(list(tensors))
             and _levels.only_grad_transforms() and not inside_xla_fold())
 
 

@@ -28,6 +28,7 @@ from torch import Tensor
 from .compat.functorch import only_grad_transforms
 from .compat.shared_subgraph import run_untraced, sharing
 from .define_once import define_once
+from .jit_backends.dtensor_local import has_dtensor
 from .pytree import tree_flatten, tree_unflatten
 from .types import PyTree
 
@@ -69,8 +70,8 @@ def _define_op() -> _Registry:
         for out, (shape, stride, dtype, device) in zip(outs, loop.outputs):
             if tuple(out.shape) != shape or out.dtype != dtype:
                 raise RuntimeError(
-                    f"{identifier}: the loop body returned {tuple(out.shape)} {out.dtype} where {shape} "
-                    f"{dtype} was expected; a scanned layer must return a carry shaped like its input.")
+                    f"{identifier}: the loop returned {tuple(out.shape)} {out.dtype} where its fake kernel "
+                    f"said {shape} {dtype}; a loop body's outputs must not change shape between calls.")
             if id(out) in given or out.stride() != stride:  # laid out as the fake kernel said
                 out = torch.empty_strided(shape, stride, dtype=dtype, device=device).copy_(out)
             results.append(out)
@@ -92,8 +93,8 @@ def rolling(tree: PyTree) -> bool:
     ember's Inductor trace, under no transform but `grad`, with no DTensor among them."""
     if not (sharing(under_transforms=True) and only_grad_transforms()):
         return False
-    return all(type(t).__name__ != "DTensor" and t.device.type != "xla"
-               for t in tree_flatten(tree)[0] if isinstance(t, Tensor))
+    tensors = [t for t in tree_flatten(tree)[0] if isinstance(t, Tensor)]
+    return not has_dtensor(tensors) and all(t.device.type != "xla" for t in tensors)
 
 
 def run_loop(name: str, run: Callable[[List[Tensor]], List[Tensor]], inputs: Sequence[Tensor],

@@ -232,11 +232,9 @@ def train_step(
         chunks = split_microbatches(batch, microbatches)
         keys = [fold_in(step_key, i) if step_key is not None else None for i in range(microbatches)]
         if rolling((params, batch)):
-            stacked = tree_map(lambda t: t.reshape(microbatches, -1, *t.shape[1:]) if isinstance(t, Tensor) else t,
-                               batch)
             grads, value, count, aux = rolled_sum(
                 lambda p, x: microbatch(p, *x), params,
-                (stacked, torch.stack(keys) if step_key is not None else None),
+                (_stack_microbatches(batch, microbatches), torch.stack(keys) if step_key is not None else None),
                 name="ember.train_step.microbatches")
             return _normalise(grads, value, count, aux, microbatches)
         total = shared_call(microbatch, "ember.train_step.microbatch", params, chunks[0], keys[0])
@@ -322,13 +320,19 @@ def _add_microbatch(total: Tuple[Any, ...], new: Tuple[Any, ...]) -> Tuple[Any, 
     return tree_add(grads, grads_i), value + value_i, count, {k: aux[k] + aux_i[k] for k in aux}
 
 
+def _stack_microbatches(batch: Batch, microbatches: int) -> Batch:
+    """`batch` with each tensor leaf's dim 0 split into `(microbatches, B // microbatches)` (views)."""
+    return tree_map(lambda t: t.reshape(microbatches, t.shape[0] // microbatches, *t.shape[1:])
+                    if isinstance(t, Tensor) else t, batch)
+
+
 def _fold_on_xla(add: Callable, total: Tuple[Any, ...], batch: Batch, step_key: Optional[Key],
                  microbatches: int) -> Optional[Tuple[Any, ...]]:
     """Microbatches 2..k added into `total` by one XLA While, or None off XLA (the caller loops)."""
     leaves = tree_leaves(batch)
     if not leaves or not all(isinstance(x, Tensor) and x.device.type == "xla" for x in leaves):
         return None
-    rest = tree_map(lambda t: t.reshape(microbatches, t.shape[0] // microbatches, *t.shape[1:])[1:], batch)
+    rest = tree_map(lambda t: t[1:], _stack_microbatches(batch, microbatches))
     keys = None
     if step_key is not None:
         keys = fold_in(step_key, torch.arange(1, microbatches, dtype=torch.int64, device=step_key.device))
