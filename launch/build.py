@@ -15,6 +15,7 @@ import torch
 from ember import data, models
 from ember.core import TrainState, random, to_device
 from ember.core.step_fns import eval_step, train_step
+from ember.launch.init_from import load_initial_params
 from ember.launch.loop import evaluate
 from ember.launch.run_config import TrainConfig
 from ember.optim.config import from_config
@@ -37,8 +38,14 @@ def build_tokenizer(cfg: TrainConfig, model: Any) -> data.Tokenizer:
 
 
 def initial_state(cfg: TrainConfig, model: Any, device: Any = "cpu") -> TrainState:
-    """Parameters from `key(cfg.seed)`, the optimizer of `cfg.optim`, the step key `fold_in(key(seed), 1)`."""
-    params = to_device(model.init(random.key(cfg.seed)), device)
+    """Parameters from `key(cfg.seed)` (or `cfg.init_from`), the optimizer of `cfg.optim`, the step key
+    `fold_in(key(seed), 1)`."""
+    if cfg.init_from:
+        from ember.core.checkpoint import model_info
+
+        params = load_initial_params(cfg.init_from, model, model_info=model_info(cfg.family, cfg.model), device=device)
+    else:
+        params = to_device(model.init(random.key(cfg.seed)), device)
     tx = from_config(cfg.optim, total_steps=cfg.steps)
     return TrainState.create(params=params, tx=tx, key=random.fold_in(random.key(cfg.seed, device=device), 1))
 

@@ -1,6 +1,7 @@
 """Built-in run configs, registered with `ember.launch.run_config` when this module is imported.
 
-Public names: `llama3_tiny`, `gpt2_tiny`, `llama3_125m` (the functions building each config).
+Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `llama3_125m` (the functions
+building each config).
 
 `llama3_tiny` is the default of `launch/train.py` and `make train`: a small Llama-style model
 trained on the running interpreter's standard library sources in a few CPU minutes. Vocabularies
@@ -16,12 +17,14 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+
 from ember.data.config import DataConfig
 from ember.launch.run_config import TrainConfig, register_config
 from ember.models import get_config
 from ember.optim.config import OptimConfig
 
-__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny"]
+__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny"]
 
 _BYTE_VOCAB = 320  # 257 byte-tokenizer ids padded to a multiple of 64
 
@@ -56,6 +59,26 @@ def gpt2_tiny() -> TrainConfig:
         eval_every=base.eval_every,
         out="runs/gpt2_tiny",
     )
+
+
+def _llama_layout_tiny(family: str) -> TrainConfig:
+    """`llama3_tiny`'s shapes, data and schedule for another Llama-layout family."""
+    base = llama3_tiny()
+    fields = {k: getattr(base.model, k) for k in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "ffn_dim")}
+    return dataclasses.replace(base, family=family, model=get_config(family, "tiny").replace(**fields),
+                               out=f"runs/{family}_tiny")
+
+
+@register_config("qwen2_tiny")
+def qwen2_tiny() -> TrainConfig:
+    """The Qwen2 family's toy model (`llama3_tiny`'s shapes, with q/k/v biases) on the same data and schedule."""
+    return _llama_layout_tiny("qwen2")
+
+
+@register_config("mistral_tiny")
+def mistral_tiny() -> TrainConfig:
+    """The Mistral family's toy model (`llama3_tiny`'s shapes, a 64-token window) on the same data and schedule."""
+    return _llama_layout_tiny("mistral")
 
 
 @register_config("llama3_125m")

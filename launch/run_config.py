@@ -69,6 +69,9 @@ class TrainConfig:
     """How the step is compiled (ember.core.jit)."""
     seed: int = 0
     """Seed of the parameter init and the step RNG key."""
+    init_from: Optional[str] = None
+    """Start from these weights instead of a random init: a Hugging Face model folder or an ember run /
+    checkpoint directory (its latest params; the run starts at step 0). Checked against the model config."""
     log_every: int = 10
     """Steps between metric logs (metrics stay on device in between)."""
     eval_every: int = 100

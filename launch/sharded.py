@@ -101,7 +101,15 @@ def on_every_rank(flag: Callable[[], bool]) -> Callable[[], bool]:
     return agreed
 
 
-def teardown() -> None:
-    """Leave the process group (if this run joined one)."""
+def teardown(*, finished: bool) -> None:
+    """Leave the process group (if this run joined one).
+
+    A run that `finished` waits for every rank first: only rank 0 reports and samples at the end, and a
+    rank that tore its gloo group down while a peer still held its end now and then died in
+    "terminate called without an active exception" (SIGABRT after all the work was done). A run that
+    failed does not wait: its peers may never arrive.
+    """
     if dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()

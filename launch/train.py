@@ -36,11 +36,14 @@ def main(argv=None):
         print(models.describe(model))
         return None
     sharding = sharded.setup(args.mesh)  # None unless under torchrun or --mesh; before any device tensor
+    finished = False
     try:  # only rank 0 writes files: it holds the run directory
         with claim_run_directory(cfg.out if sharded.is_main() else None, resume=args.resume, overwrite=args.overwrite):
-            return train(cfg, model, sharding, args)
+            history = train(cfg, model, sharding, args)
+        finished = True
+        return history
     finally:
-        sharded.teardown()
+        sharded.teardown(finished=finished)
 
 
 def train(cfg, model, sharding, args):

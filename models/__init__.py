@@ -1,15 +1,18 @@
-"""ember.models: the layer DSL, the GPT-2 and Llama-3 families, and the architecture registry.
+"""ember.models: the layer DSL, the GPT-2, Llama-3, Qwen2 and Mistral families, and the architecture registry.
 
 Each family is a folder read top to bottom: `llama3/model.py` (attention, MLP, block, model),
 `llama3/config.py` (config and named sizes), `llama3/hf.py` (Hugging Face mapping); `gpt2/` likewise.
+`qwen2/` and `mistral/` reuse Llama's block and say what their configs change.
 
 Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `RMSNorm`, ...), `GPT2`,
-`GPT2Config`, `Llama3`, `Llama3Config`, `ModelRegistry`, `register_family`, `family`, `arch`,
+`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
 `get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
 `estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; bridges `from_torch`,
-`from_hf` / `to_hf` (Hugging Face GPT-2 and Llama folders); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`.
+`from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2 and Mistral folders; other causal LMs
+through the bridge); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`.
 
-Importing this package registers the built-in families (`gpt2`, `llama3`) and their architectures.
+Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `mistral`) and
+their architectures.
 
 Example:
     >>> import torch
@@ -45,8 +48,12 @@ from .gpt2 import GPT2 as GPT2
 from .gpt2 import GPT2Config as GPT2Config
 from .llama3 import Llama3 as Llama3
 from .llama3 import Llama3Config as Llama3Config
+from .mistral import Mistral as Mistral
+from .mistral import MistralConfig as MistralConfig
 from .objectives import check_lm_data as check_lm_data
 from .objectives import lm_loss as lm_loss
+from .qwen2 import Qwen2 as Qwen2
+from .qwen2 import Qwen2Config as Qwen2Config
 from .registry import ModelRegistry as ModelRegistry
 from .registry import arch as arch
 from .registry import build_model as build_model
@@ -70,7 +77,11 @@ __all__ = [
     "Llama3Config",
     "LoRAModel",
     "MemoryEstimate",
+    "Mistral",
+    "MistralConfig",
     "ModelRegistry",
+    "Qwen2",
+    "Qwen2Config",
     "SUPPORTED_HF_MODELS",
     "TorchModel",
     "arch",

@@ -40,7 +40,7 @@ from torch import Tensor
 from ..core import pytree
 from ..core.transforms import stack_trees, unstack_trees
 from ..core.types import Params
-from ._safetensors import save_safetensors
+from ._safetensors import read_safetensors_folder, save_safetensors
 
 __all__ = [
     "HFAdapter",
@@ -111,8 +111,8 @@ def _supported_text() -> str:
 
 
 def _adapter_for_config(config: Any, what: str) -> HFAdapter:
-    for adapter in _adapters():
-        if isinstance(config, adapter.config_cls):
+    for adapter in _adapters():  # the exact class: Qwen2Config and MistralConfig subclass Llama3Config
+        if type(config) is adapter.config_cls:
             return adapter
     raise TypeError(what.format(_names([a.config_cls.__name__ for a in _adapters()], "or"), type(config).__name__))
 
@@ -179,11 +179,11 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> Any:
     """The ember config for a Hugging Face `config.json` dict.
 
     Args:
-        hf_config: the parsed `config.json` (`model_type` "gpt2" or "llama").
+        hf_config: the parsed `config.json` (`model_type` "gpt2", "llama", "qwen2" or "mistral").
         **overrides: ember config fields to set (e.g. `scan_layers=True`, `remat=True`, `dropout=0.0`).
 
     Returns:
-        A `GPT2Config` or `Llama3Config`.
+        A `GPT2Config`, `Llama3Config`, `Qwen2Config` or `MistralConfig`.
 
     Raises:
         ValueError: another architecture (names the supported ones), a setting ember's model does
@@ -200,8 +200,9 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> Any:
     archs = hf_config.get("architectures") or []
     if model_type not in _ADAPTERS:
         raise ValueError(
-            f"Hugging Face model_type {model_type!r} (architectures {archs}) is not supported; "
-            f"ember.models.from_hf reads {_supported_text()}."
+            f"Hugging Face model_type {model_type!r} (architectures {archs}) has no native ember family; "
+            f"the native ones are {_supported_text()}. from_hf(path) still trains it through the "
+            f"from_torch bridge."
         )
     bad = [a for a in archs if a not in _ADAPTERS[model_type].architectures]
     if bad:
@@ -213,10 +214,10 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> Any:
 
 
 def config_to_hf(config: Any) -> Dict[str, Any]:
-    """The Hugging Face `config.json` dict for an ember GPT-2 or Llama-3 config.
+    """The Hugging Face `config.json` dict for an ember GPT-2, Llama-3, Qwen2 or Mistral config.
 
     Raises:
-        TypeError: `config` is neither a `GPT2Config` nor a `Llama3Config`.
+        TypeError: `config` is not the config of a native family.
 
     Example:
         >>> from ember.models import get_config
@@ -235,13 +236,13 @@ def params_from_hf(state: Mapping[str, Tensor], config: Any) -> Params:
         config: the ember config (from `config_from_hf`); `scan_layers=True` stacks the blocks.
 
     Returns:
-        The params tree of `GPT2(config)` / `Llama3(config)` (tensors are the checkpoint's, or
+        The params tree of the family's model for `config` (tensors are the checkpoint's, or
         transposed copies for GPT-2's Conv1D matrices).
 
     Raises:
         ValueError: a tensor has the wrong shape (named), or tensors are missing / unexpected
             (a few are listed).
-        TypeError: `config` is not a `GPT2Config` / `Llama3Config`.
+        TypeError: `config` is not the config of a native family.
     """
     adapter = _adapter_for_config(config, "expected a {}, got {}.")
     params = adapter.params_from_hf(state, config)
@@ -254,14 +255,14 @@ def params_from_hf(state: Mapping[str, Tensor], config: Any) -> Params:
 
 
 def params_to_hf(params: Params, config: Any) -> Dict[str, Tensor]:
-    """Map ember params of `GPT2(config)` / `Llama3(config)` to an HF state dict (as saved on disk).
+    """Map ember params of a native model for `config` to an HF state dict (as saved on disk).
 
     Returns:
         HF tensor name -> tensor (tied output projections are left out, as `save_pretrained` does).
 
     Raises:
         ValueError: `params` does not have the model's structure or shapes (the path is named).
-        TypeError: `config` is not a `GPT2Config` / `Llama3Config`.
+        TypeError: `config` is not the config of a native family.
     """
     adapter = _adapter_for_config(config, "expected a {}, got {}.")
     _check_params(adapter.model_cls(config), params)
@@ -284,34 +285,6 @@ def _check_params(model: Any, params: Params) -> None:
 # ---- files -----------------------------------------------------------------------------------
 
 
-def _read_state(path: str, *, device: str) -> Dict[str, Tensor]:
-    from safetensors import safe_open
-
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(single):
-        files = [single]
-    elif os.path.exists(index):
-        with open(index) as fh:
-            weight_map = json.load(fh).get("weight_map", {})
-        files = [os.path.join(path, f) for f in dict.fromkeys(weight_map.values())]
-        absent = [f for f in files if not os.path.exists(f)]
-        if absent:
-            raise ValueError(f"{index} lists shards that are not in the folder: {absent[:5]}.")
-    else:
-        raise ValueError(
-            f"no model.safetensors or model.safetensors.index.json in {path} (found {sorted(os.listdir(path))[:10]}). "
-            f"A pytorch_model.bin checkpoint can be re-saved with transformers: "
-            f"AutoModelForCausalLM.from_pretrained(path).save_pretrained(path, safe_serialization=True)."
-        )
-    state: Dict[str, Tensor] = {}
-    for file in files:
-        with safe_open(file, framework="pt", device=device) as f:
-            for k in f.keys():
-                state[k] = f.get_tensor(k)
-    return state
-
-
 def from_hf(
     path: PathLike,
     *,
@@ -319,7 +292,11 @@ def from_hf(
     device: Union[str, torch.device] = "cpu",
     **overrides: Any,
 ) -> Tuple[Any, Params]:
-    """Load a local Hugging Face GPT-2 or Llama checkpoint folder as an ember model and its params.
+    """Load a local Hugging Face causal LM folder as an ember model and its params.
+
+    GPT-2, Llama, Qwen2 and Mistral folders become native ember models. Any other causal LM that
+    transformers loads is bridged (`hf_bridge.bridge_from_hf`, with one warning line): it trains,
+    without the native families' extras.
 
     Args:
         path: a folder with `config.json` and `model.safetensors` (or sharded safetensors with
@@ -331,7 +308,8 @@ def from_hf(
             gets a key; pass `dropout=0.0` to fine-tune without it.
 
     Returns:
-        `(model, params)`: a `GPT2` or `Llama3` and its params tree.
+        `(model, params)`: a native model (`GPT2`, `Llama3`, `Qwen2`, `Mistral`) or a bridged
+        `TorchModel`, and its params tree.
 
     Raises:
         ValueError: the folder has no config.json or safetensors weights, the checkpoint is of
@@ -343,8 +321,14 @@ def from_hf(
     if not os.path.isfile(cfg_file):
         raise ValueError(f"{cfg_file} not found; from_hf needs a Hugging Face model folder (config.json + model.safetensors).")
     with open(cfg_file) as fh:
-        config = config_from_hf(json.load(fh), **overrides)
-    state = _read_state(path, device=str(device))
+        hf_config = json.load(fh)
+    if hf_config.get("model_type") not in _ADAPTERS:
+        from .hf_bridge import bridge_from_hf
+
+        return bridge_from_hf(path, hf_config, supported=_supported_text(), overrides=overrides, dtype=dtype,
+                              device=device)
+    config = config_from_hf(hf_config, **overrides)
+    state = read_safetensors_folder(path, device=str(device))
     if dtype is not None:
         state = {k: v.to(dtype) for k, v in state.items()}
     params = params_from_hf(state, config)
@@ -362,14 +346,14 @@ def to_hf(
     """Write `config.json` and `model.safetensors` that `transformers` loads as a causal LM.
 
     Args:
-        model: a `GPT2` or `Llama3` (for a LoRA model, export `merge_lora(...)` with the base model).
+        model: a native model, e.g. `GPT2`, `Llama3`, `Qwen2` (for a LoRA model, export `merge_lora(...)` with the base model).
         params: its params (either layer layout; gathered to CPU while writing).
         path: the output folder (created if needed; existing files of the same names are replaced).
         dtype: cast every tensor to this dtype (also recorded in config.json); None keeps theirs.
         extra_config: more `config.json` entries, e.g. `{"bos_token_id": 0, "eos_token_id": 1}`.
 
     Raises:
-        TypeError: `model` is not a `GPT2` or `Llama3`.
+        TypeError: `model` is not a native ember model.
         ValueError: `params` does not fit the model (the path and shapes are named).
     """
     if not isinstance(model, tuple(a.model_cls for a in _adapters())):
@@ -378,13 +362,13 @@ def to_hf(
             f"{type(model).__name__}; for a LoRA model pass its base model and "
             f"merge_lora(params['base'], params['lora'], ...)."
         )
+    hf = config_to_hf(model.config)  # first: a config the HF family cannot hold is the clearer error
     state = params_to_hf(params, model.config)
     tensors = {}
     for k, v in state.items():
         v = v.detach().to("cpu", dtype=dtype)
         # own, contiguous storage: views of stacked or fused tensors share memory, which safetensors refuses
         tensors[k] = v.clone(memory_format=torch.contiguous_format)
-    hf = config_to_hf(model.config)
     stored = dtype or next(iter(tensors.values())).dtype
     hf["torch_dtype"] = str(stored).removeprefix("torch.")
     hf.update(extra_config or {})

@@ -54,6 +54,7 @@ def attention_mask(
     causal: bool = True,
     segment_ids: Optional[Tensor] = None,
     padding_mask: Optional[Tensor] = None,
+    window: Optional[int] = None,
     device: Optional[torch.device] = None,
 ) -> Optional[Tensor]:
     """Boolean mask (True = may attend) of shape (B, 1, T, T), or None when plain causal suffices.
@@ -64,18 +65,24 @@ def attention_mask(
         segment_ids: (B, T) ints; attend only within the same segment.
         padding_mask: (B, T) bool/int; 0 marks padding keys. Every query may still attend to
             itself, so no row is fully masked (which would make softmax NaN).
+        window: a query sees only keys less than `window` positions before it (a sliding window);
+            ignored when `window >= t`.
         device: where to build it.
 
     Returns:
-        None if neither `segment_ids` nor `padding_mask` is given, else a (B or 1, 1, T, T) bool tensor.
+        None if neither `segment_ids`, `padding_mask` nor a window shorter than `t` is given, else a
+        (B or 1, 1, T, T) bool tensor.
     """
-    if segment_ids is None and padding_mask is None:
+    window = window if window is not None and window < t else None
+    if segment_ids is None and padding_mask is None and window is None:
         return None
     idx = torch.arange(t, device=device)
     if causal:
         mask = (idx[:, None] >= idx[None, :])[None]  # (1, T, T)
     else:
         mask = torch.ones(1, t, t, dtype=torch.bool, device=device)  # (1, T, T)
+    if window is not None:
+        mask = mask & ((idx[:, None] - idx[None, :]).abs() < window)[None]  # (1, T, T)
     if segment_ids is not None:
         mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])  # (B, T, T)
     if padding_mask is not None:
@@ -93,6 +100,7 @@ def dot_product_attention(
     causal: bool = True,
     segment_ids: Optional[Tensor] = None,
     padding_mask: Optional[Tensor] = None,
+    window: Optional[int] = None,
     dropout: float = 0.0,
     key: Optional[Key] = None,
 ) -> Tensor:
@@ -103,6 +111,7 @@ def dot_product_attention(
         causal: forbid attending to later positions.
         segment_ids: (B, T) ints; tokens attend only within their own segment (packed documents).
         padding_mask: (B, T) bool/int, 1 for real tokens and 0 for padding keys.
+        window: sliding-window length (see `attention_mask`); None: no window.
         dropout: attention-probability dropout rate; applied only when `key` is given.
         key: drives the dropout (None: evaluation, no dropout).
 
@@ -110,7 +119,8 @@ def dot_product_attention(
         (B, H, T, D).
     """
     T = q.shape[2]
-    mask = attention_mask(T, causal=causal, segment_ids=segment_ids, padding_mask=padding_mask, device=q.device)
+    mask = attention_mask(T, causal=causal, segment_ids=segment_ids, padding_mask=padding_mask, window=window,
+                          device=q.device)
     explicit = dropout > 0.0 and key is not None
     if explicit_attention_required(dropout=explicit, masked=mask is not None):
         explicit = True

@@ -50,6 +50,11 @@ class Llama3Config:
     """RoPE base; Llama 3 raised it from 10,000 to 500,000 for long contexts (paper §3.1.1)."""
     rope_scaling: Optional[RopeScaling] = None
     """Llama-3.1 RoPE frequency scaling; None for Llama 3.0 and toy models."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (HF `attention_bias`; Llama 3: none; Qwen2: yes)."""
+    sliding_window: Optional[int] = None
+    """Each token attends to at most this many tokens, itself included (Mistral-7B-v0.1: 4096); None:
+    all earlier tokens. A window shorter than the sequence puts attention on the masked path."""
     tie_embeddings: bool = False
     """Use the token embedding as the output projection (Llama 3.2 1B/3B) instead of `lm_head`."""
     init_std: float = 0.02
@@ -87,6 +92,8 @@ class Llama3Config:
             raise TypeError(
                 f"Llama3Config.rope_scaling must be a RopeScaling or None, got {type(self.rope_scaling).__name__}."
             )
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"{type(self).__name__}.sliding_window must be > 0 or None, got {self.sliding_window}.")
         if not self.init_std >= 0:
             raise ValueError(f"Llama3Config.init_std must be >= 0, got {self.init_std}.")
         checks.check_non_negative(self, "loss_chunk_size")

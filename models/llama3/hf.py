@@ -34,7 +34,10 @@ from ..registry import replace_config
 from .config import Llama3Config
 from .model import Llama3
 
-__all__ = ["llama3_config_from_hf", "llama3_config_to_hf", "llama3_params_from_hf", "llama3_params_to_hf"]
+__all__ = [
+    "llama3_config_from_hf", "llama3_config_to_hf", "llama3_params_from_hf", "llama3_params_to_hf",
+    "llama_fields_from_hf", "llama_fields_to_hf",
+]
 
 _LAYER_NAMES = (  # (ember path inside a block, HF name inside model.layers.{i})
     ("ln_1", "input_layernorm"),
@@ -70,19 +73,16 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Optional[RopeScaling]]:
     return float(theta), scaling
 
 
-def llama3_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> Llama3Config:
-    """The `Llama3Config` for an HF `LlamaConfig` dict, with ember field `overrides` applied."""
-    require_hf_value(hf, "hidden_act", "silu", "silu", "Llama3 (SwiGLU)")
-    require_hf_value(hf, "attention_bias", False, False, "Llama3 (no attention biases)")
-    require_hf_value(hf, "mlp_bias", False, False, "Llama3 (no MLP biases)")
+def llama_fields_from_hf(hf: Mapping[str, Any]) -> Dict[str, Any]:
+    """The `Llama3Config` fields that every Llama-layout family (Llama, Qwen2, Mistral) reads alike."""
     d, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
     if hf.get("head_dim") not in (None, d // heads):
         raise ValueError(
             f"config.json head_dim={hf['head_dim']} differs from hidden_size / num_attention_heads = "
-            f"{d} / {heads} = {d // heads}; ember's Llama3 derives head_dim from d_model and n_heads."
+            f"{d} / {heads} = {d // heads}; ember's Llama-layout models derive head_dim from d_model and n_heads."
         )
     theta, scaling = _rope_from_hf(hf)
-    cfg = Llama3Config(
+    return dict(
         vocab_size=hf.get("vocab_size", 32000),
         max_seq_len=hf.get("max_position_embeddings", 2048),
         n_layers=hf.get("num_hidden_layers", 32),
@@ -96,24 +96,43 @@ def llama3_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> L
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         init_std=hf.get("initializer_range", 0.02),
     )
-    return replace_config(cfg, **overrides)
+
+
+def llama3_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> Llama3Config:
+    """The `Llama3Config` for an HF `LlamaConfig` dict, with ember field `overrides` applied."""
+    require_hf_value(hf, "hidden_act", "silu", "silu", "Llama3 (SwiGLU)")
+    require_hf_value(hf, "attention_bias", False, False, "Llama3 (no attention biases)")
+    require_hf_value(hf, "mlp_bias", False, False, "Llama3 (no MLP biases)")
+    return replace_config(Llama3Config(**llama_fields_from_hf(hf)), **overrides)
 
 
 def llama3_config_to_hf(c: Llama3Config) -> Dict[str, Any]:
     """The HF `LlamaConfig` dict for `c`."""
+    if c.qkv_bias or c.sliding_window is not None:
+        raise ValueError(
+            f"Hugging Face Llama has no {'q/k/v-only biases' if c.qkv_bias else 'sliding window'}; export "
+            f"this config as the family that has it: {'qwen2' if c.qkv_bias else 'mistral'}."
+        )
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", **llama_fields_to_hf(c),
+        "attention_bias": False, "mlp_bias": False,
+    }
+
+
+def llama_fields_to_hf(c: Llama3Config) -> Dict[str, Any]:
+    """The HF config entries that every Llama-layout family writes alike."""
     s = c.rope_scaling
     rope_scaling = None if s is None else {
         "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
         "high_freq_factor": s.high_freq_factor, "original_max_position_embeddings": s.original_max_seq_len,
     }
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": c.vocab_size, "max_position_embeddings": c.max_seq_len,
         "hidden_size": c.d_model, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
         "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_theta, "rope_scaling": rope_scaling,
-        "tie_word_embeddings": c.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
-        "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": c.init_std,
+        "tie_word_embeddings": c.tie_embeddings, "hidden_act": "silu", "attention_dropout": 0.0,
+        "initializer_range": c.init_std,
     }
 
 
@@ -122,6 +141,8 @@ def _names(c: Llama3Config) -> List[Tuple[str, str]]:
     names = [("wte.weight", "model.embed_tokens.weight")]
     for i in range(c.n_layers):
         names += [(f"blocks.{i}.{e}.weight", f"model.layers.{i}.{h}.weight") for e, h in _LAYER_NAMES]
+        if c.qkv_bias:
+            names += [(f"blocks.{i}.{e}.bias", f"model.layers.{i}.{h}.bias") for e, h in _LAYER_NAMES[1:4]]
     names.append(("ln_f.weight", "model.norm.weight"))
     if not c.tie_embeddings:
         names.append(("lm_head.weight", "lm_head.weight"))
@@ -129,7 +150,7 @@ def _names(c: Llama3Config) -> List[Tuple[str, str]]:
 
 
 def llama3_params_from_hf(state: Mapping[str, Tensor], c: Llama3Config) -> Params:
-    """ember params (blocks as a list) from an HF Llama state dict; shapes checked against `c`."""
+    """ember params (blocks as a list) from an HF Llama-layout state dict (Llama, Qwen2, Mistral); shapes checked against `c`."""
     unstacked = Llama3(c.replace(scan_layers=False)).param_shapes()
     shapes = {p: tuple(t.shape) for p, t in pytree.tree_leaves_with_path(unstacked)}
     get = StateReader(state)

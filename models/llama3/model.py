@@ -64,7 +64,7 @@ class Attention(Module):
     """Causal self-attention with grouped-query heads and rotary positions (HF `LlamaAttention`).
 
     Parameters: `wq` (H*D, d_model), `wk`/`wv` (KV*D, d_model), `wo` (d_model, H*D), torch layout,
-    each a `Linear` (with `.bias` when `bias=True`).
+    each a `Linear` (with `.bias` when `bias=True`; only q, k, v have one when `out_bias=False`).
 
     Keyword inputs read from `**kwargs` (and forwarded to sub-layers): `positions` (T,) or (B, T)
     for RoPE (default `arange(T)`); `segment_ids` (B, T), tokens attend only within their segment;
@@ -75,8 +75,11 @@ class Attention(Module):
         n_heads: H, query heads.
         n_kv_heads: KV, key/value heads (None: = n_heads, plain multi-head). Must divide n_heads.
         head_dim: D (None: d_model // n_heads, which must then divide exactly).
-        bias: biases on all four projections (HF `attention_bias`; Llama 3: False).
+        bias: biases on the q, k, v projections (HF `attention_bias`; Llama 3: False; Qwen2: True).
+        out_bias: a bias on the output projection too (None: as `bias`; Qwen2: False).
         causal: causal masking.
+        window: each query sees at most this many keys, itself included (Mistral's sliding window;
+            None: all earlier keys).
         dropout: attention-probability dropout rate (HF `attention_dropout`; Llama 3: 0).
         rope: rotary embedding applied to queries and keys (None: no positions).
         qkv_init: initializer of wq, wk, wv.
@@ -96,7 +99,9 @@ class Attention(Module):
     n_kv_heads: Optional[int] = None
     head_dim: Optional[int] = None
     bias: bool = False
+    out_bias: Optional[bool] = None
     causal: bool = True
+    window: Optional[int] = None
     dropout: float = 0.0
     rope: Optional[RotaryEmbedding] = None
     qkv_init: inits.Initializer = inits.normal(0.02)
@@ -129,6 +134,8 @@ class Attention(Module):
                 f"Attention: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
                 f"(each key/value head serves n_heads / n_kv_heads query heads)."
             )
+        if self.window is not None and not (isinstance(self.window, int) and self.window > 0):
+            raise ValueError(f"Attention.window must be a positive int or None, got {self.window!r}.")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"Attention.dropout must be in [0, 1), got {self.dropout}.")
         if self.rope is not None and self.rope.head_dim != self.head_size:
@@ -139,14 +146,16 @@ class Attention(Module):
     def declare(self):
         hd, kvd = self.n_heads * self.head_size, self.kv_heads * self.head_size
 
-        def proj(i: int, o: int, ia: str, oa: str, init: inits.Initializer) -> Linear:
-            return Linear(i, o, bias=self.bias, in_axis=ia, out_axis=oa, weight_init=init, dtype=self.dtype)
+        out_bias = self.bias if self.out_bias is None else self.out_bias
+
+        def proj(i: int, o: int, ia: str, oa: str, init: inits.Initializer, bias: bool) -> Linear:
+            return Linear(i, o, bias=bias, in_axis=ia, out_axis=oa, weight_init=init, dtype=self.dtype)
 
         spec = {
-            "wq": proj(self.d_model, hd, "embed", "heads", self.qkv_init),
-            "wk": proj(self.d_model, kvd, "embed", "kv_heads", self.qkv_init),
-            "wv": proj(self.d_model, kvd, "embed", "kv_heads", self.qkv_init),
-            "wo": proj(hd, self.d_model, "heads", "embed", self.out_init),
+            "wq": proj(self.d_model, hd, "embed", "heads", self.qkv_init, self.bias),
+            "wk": proj(self.d_model, kvd, "embed", "kv_heads", self.qkv_init, self.bias),
+            "wv": proj(self.d_model, kvd, "embed", "kv_heads", self.qkv_init, self.bias),
+            "wo": proj(hd, self.d_model, "heads", "embed", self.out_init, out_bias),
         }
         if self.rope is not None:
             spec["rope"] = self.rope
@@ -168,7 +177,7 @@ class Attention(Module):
         v = repeat_kv(v.transpose(1, 2), H // KV)  # (B, KV, T, D) -> (B, H, T, D)
         y = dot_product_attention(
             q, k, v, causal=self.causal, segment_ids=kwargs.get("segment_ids"),
-            padding_mask=kwargs.get("attention_mask"), dropout=self.dropout, key=key,
+            padding_mask=kwargs.get("attention_mask"), window=self.window, dropout=self.dropout, key=key,
         )  # (B, H, T, D)
         y = checkpoint_name(y, "attn_out").transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
         return self.call("wo", params, y, **kwargs)  # (B, T, d_model)
@@ -261,7 +270,8 @@ class Llama3(Module):
         std = inits.normal(c.init_std)  # HF LlamaPreTrainedModel._init_weights: N(0, initializer_range)
         rope = RotaryEmbedding(c.head_dim, theta=c.rope_theta, scaling=c.rope_scaling)
         block = Block(
-            attn=Attention(c.d_model, c.n_heads, c.n_kv_heads, bias=False, rope=rope, qkv_init=std, out_init=std),
+            attn=Attention(c.d_model, c.n_heads, c.n_kv_heads, bias=c.qkv_bias, out_bias=False,
+                           window=c.sliding_window, rope=rope, qkv_init=std, out_init=std),
             mlp=SwiGLU(c.d_model, c.ffn_dim, gate_init=std, down_init=std),
             ln_1=RMSNorm(c.d_model, eps=c.norm_eps),
             ln_2=RMSNorm(c.d_model, eps=c.norm_eps),

@@ -257,8 +257,9 @@ def _copy(src, dst):
 
 
 ERROR_CASES = [  # (id, edit(cfg, state) -> (cfg, state), exception, match)
-    ("other-architecture", lambda c, s: ({**c, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}, s),
-     ValueError, r"'mistral'.*not supported.*gpt2 \(GPT2LMHeadModel\) and llama \(LlamaForCausalLM\)"),
+    ("unknown-architecture", lambda c, s: ({**c, "model_type": "madeup", "architectures": ["MadeUpForCausalLM"]}, s),
+     ValueError, r"'madeup' has no native ember family \(gpt2 \(GPT2LMHeadModel\), llama \(LlamaForCausalLM\), "
+                 r"mistral \(MistralForCausalLM\) and qwen2 \(Qwen2ForCausalLM\) do\), and transformers could not load"),
     ("other-head", lambda c, s: ({**c, "architectures": ["GPT2ForSequenceClassification"]}, s),
      ValueError, r"GPT2ForSequenceClassification.*not supported"),
     ("missing", lambda c, s: (c, {k: v for k, v in s.items() if "h.1.mlp" not in k}),
@@ -302,7 +303,7 @@ def test_missing_files_and_bad_model(tmp_path):
     _rewrite(tmp_path, config=config_to_hf(GPT2Config(n_layers=1, d_model=32, n_heads=4, vocab_size=50)))
     with pytest.raises(ValueError, match=r"no model\.safetensors or model\.safetensors\.index\.json"):
         from_hf(tmp_path)
-    with pytest.raises(TypeError, match=r"to_hf exports ember GPT2 and Llama3 models"):
+    with pytest.raises(TypeError, match=r"to_hf exports ember GPT2, Llama3, Mistral and Qwen2 models"):
         to_hf(object(), {}, tmp_path)
     model = GPT2(GPT2Config(n_layers=1, d_model=32, n_heads=4, vocab_size=50, max_seq_len=8))
     params = model.init(random.key(0))

@@ -1,0 +1,67 @@
+"""`--init_from`: a run starts from a Hugging Face folder or an ember checkpoint, after its
+architecture is checked against the run config (differences named)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.core import TrainState, pytree, random
+from ember.core.checkpoint import CheckpointError, CheckpointManager, model_info
+from ember.launch import build
+from ember.launch.run_config import parse_cli
+from ember.models import build_model, to_hf
+from ember import optim
+
+
+def _assert_same(a, b):
+    pytree.tree_map(lambda x, y: torch.testing.assert_close(x, y, rtol=0, atol=0), a, b)
+
+
+@pytest.fixture(scope="module")
+def qwen2_folder(tmp_path_factory):
+    """An HF Qwen2 folder holding the `qwen2_tiny` architecture, with weights unlike a fresh init."""
+    cfg = parse_cli("qwen2_tiny", [])
+    model = build_model(cfg.family, cfg.model)
+    params = model.init(random.key(7))
+    path = tmp_path_factory.mktemp("qwen2")
+    to_hf(model, params, path)
+    return str(path), params
+
+
+def test_a_run_starts_from_a_hugging_face_folder(qwen2_folder):
+    path, saved = qwen2_folder
+    cfg = parse_cli("qwen2_tiny", ["--init_from", path, "--model.scan_layers"])
+    model = build_model(cfg.family, cfg.model)
+    state = build.initial_state(cfg, model)
+    assert int(state.step) == 0
+    stacked = state.params["blocks"]["attn"]["wq"]["bias"]
+    assert stacked.shape[0] == cfg.model.n_layers  # loaded into the configured (scanned) layout
+    torch.testing.assert_close(stacked[1], saved["blocks"][1]["attn"]["wq"]["bias"], rtol=0, atol=0)
+    _assert_same(state.params["wte"], saved["wte"])
+
+
+def test_another_architecture_is_refused_with_each_difference(qwen2_folder):
+    path, _ = qwen2_folder
+    cfg = parse_cli("qwen2_tiny", ["--init_from", path, "--model.d_model", "96", "--model.n_layers", "2"])
+    with pytest.raises(ValueError, match=r"another architecture than the run config: d_model: 192 in the folder, "
+                                         r"96 configured; n_layers: 4 in the folder, 2 configured\..*--model\.NAME"):
+        build.initial_state(cfg, build_model(cfg.family, cfg.model))
+    cfg = parse_cli("llama3_tiny", ["--init_from", path])
+    with pytest.raises(ValueError, match=r"family: Qwen2Config in the folder, Llama3Config configured;.*qkv_bias"):
+        build.initial_state(cfg, build_model(cfg.family, cfg.model))
+
+
+def test_a_run_starts_from_an_ember_checkpoint_and_refuses_another_models(tmp_path):
+    cfg = parse_cli("llama3_tiny", ["--init_from", str(tmp_path)])
+    model = build_model(cfg.family, cfg.model)
+    params = model.init(random.key(11))
+    state = TrainState.create(params=params, tx=optim.adamw(1e-3), key=random.key(0))
+    with CheckpointManager(tmp_path / "checkpoints", async_save=False) as ckpt:
+        ckpt.save(5, state, model_info=model_info(cfg.family, cfg.model, arch="llama3_tiny"), force=True)
+    started = build.initial_state(cfg, model)
+    assert int(started.step) == 0
+    _assert_same(started.params, params)
+    other = parse_cli("gpt2_tiny", ["--init_from", str(tmp_path)])
+    with pytest.raises(CheckpointError, match=r"gpt2"):
+        build.initial_state(other, build_model(other.family, other.model))
