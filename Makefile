@@ -1,6 +1,7 @@
 # Two commands a newcomer needs:
 #   make train   set up .venv (first use only) and train the default model on the embedded corpus
 #   make test    set up both environments (first use only) and run the whole suite in each
+# and `make finetune`: full SFT of a small Hugging Face folder built locally, on a local chat JSONL.
 #
 # Two environments, one codebase:
 #   .venv      the newest torch (GPU / CPU users): train, bench, the whole suite without XLA tests
@@ -17,7 +18,7 @@ PYTEST_ARGS ?=
 # The two torch lines with their CUDA wheels take ~15 GB; pip's wheel cache would add ~8 GB more
 # (a CI disk once filled up): the large installs skip it.
 
-.PHONY: install install-xla test test-latest test-xla train bench clean
+.PHONY: install install-xla test test-latest test-xla train finetune bench clean
 
 $(VENV)/.ember-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +47,11 @@ test-xla: install-xla
 
 train: install
 	$(PY) launch/train.py --overwrite  # the default run replaces the last one in runs/default
+
+# Fine-tune a Hugging Face folder built here (random init, local tokenizer and chat data) on its chat JSONL.
+finetune: install
+	$(PY) launch/tiny_chat.py --out runs/tiny_chat
+	$(PY) launch/train.py --config tiny_chat_sft --overwrite
 
 bench: install
 	$(PY) launch/bench.py --quick

@@ -3,7 +3,9 @@
 Sources: `stdlib_corpus` (the embedded default corpus: the running interpreter's stdlib `.py`
 files), `text_files`, `load_token_bin` / `write_token_bin` (nanoGPT `.bin`), `hf_text_from_disk`
 (Hugging Face datasets saved on disk), and `load_source` (any of these from one string).
-Tokenizers: `ByteTokenizer`, `train_bpe` / `BPETokenizer`. Pipeline: `make_pipeline` (or
+Tokenizers: `ByteTokenizer`, `train_bpe` / `BPETokenizer`, a model folder's own
+`load_model_tokenizer` / `ModelTokenizer` with its `ChatTemplate`. Fine-tuning data: `read_sft_jsonl`,
+`pack_sft`, `make_sft_pipeline` (packed, loss on replies only). Pipeline: `make_pipeline` (or
 `tokenize_documents` -> `TokenWindows` -> `window_batches` -> `PipelineIterator`), `prefetch`,
 and collators (`to_torch`, `@collator`, `get_collator`).
 """
@@ -24,11 +26,17 @@ from .hf_disk import HFTextColumn as HFTextColumn
 from .hf_disk import hf_text_from_disk as hf_text_from_disk
 from .iterator import PipelineIterator as PipelineIterator
 from .iterator import ensure_absl_flags_parsed as ensure_absl_flags_parsed
+from .model_tokenizer import ModelTokenizer as ModelTokenizer
+from .model_tokenizer import load_model_tokenizer as load_model_tokenizer
 from .pipeline import GatherWindows as GatherWindows
 from .pipeline import make_pipeline as make_pipeline
 from .pipeline import shard_window_ids as shard_window_ids
 from .pipeline import window_batches as window_batches
 from .prefetch import Prefetcher as Prefetcher
+from .chat_template import ChatTemplate as ChatTemplate
+from .sft import make_sft_pipeline as make_sft_pipeline
+from .sft import pack_sft as pack_sft
+from .sft import read_sft_jsonl as read_sft_jsonl
 from .prefetch import prefetch as prefetch
 from .sources import load_source as load_source
 from .splits import split_of as split_of
@@ -51,10 +59,12 @@ from .windows import split_inputs_targets as split_inputs_targets
 __all__ = [
     "BPETokenizer",
     "ByteTokenizer",
+    "ChatTemplate",
     "Collator",
     "DataConfig",
     "GatherWindows",
     "HFTextColumn",
+    "ModelTokenizer",
     "PipelineIterator",
     "Prefetcher",
     "TextFiles",
@@ -71,11 +81,15 @@ __all__ = [
     "hf_text_from_disk",
     "identity_collate",
     "iter_document_tokens",
+    "load_model_tokenizer",
     "load_source",
     "load_token_bin",
     "make_pipeline",
+    "make_sft_pipeline",
     "num_windows",
+    "pack_sft",
     "prefetch",
+    "read_sft_jsonl",
     "shard_window_ids",
     "split_inputs_targets",
     "split_of",

@@ -22,7 +22,9 @@ from ..core.config_checks import check_fields, non_negative_int, optional, posit
 from .bpe import train_bpe
 from .collate import Collator, get_collator
 from .iterator import PipelineIterator
+from .model_tokenizer import load_model_tokenizer
 from .pipeline import make_pipeline
+from .sft import make_sft_pipeline
 from .sources import check_source_kind, load_source
 from .tokenizers import ByteTokenizer, Tokenizer
 
@@ -35,19 +37,25 @@ Split = Literal["train", "eval"]
 class DataConfig:
     """Where tokens come from and how they are batched."""
 
-    source: Literal["stdlib", "text", "bin", "hf"] = "stdlib"
+    source: Literal["stdlib", "text", "bin", "hf", "sft"] = "stdlib"
     """stdlib: the running Python's own standard library sources (no download); text: files or a
-    glob at `path`; bin: a nanoGPT-style token .bin memmap; hf: a Hugging Face dataset saved to disk."""
+    glob at `path`; bin: a nanoGPT-style token .bin memmap; hf: a Hugging Face dataset saved to disk;
+    sft: a JSONL file of conversations or prompt/completion pairs, packed, the loss on replies only."""
     path: Optional[str] = None
     """Path for text / bin / hf sources."""
-    tokenizer: Literal["bytes", "bpe"] = "bytes"
-    """bytes: 256 byte values (+ EOS); bpe: a byte-level BPE trained locally on the corpus."""
+    tokenizer: Literal["bytes", "bpe", "model"] = "bytes"
+    """bytes: 256 byte values (+ EOS); bpe: a byte-level BPE trained locally on the corpus; model: the
+    `tokenizer.json` and chat template of the model folder at `tokenizer_path`."""
+    tokenizer_path: Optional[str] = None
+    """The model folder of `tokenizer=model` (usually the `--init_from` folder)."""
     vocab_size: int = 512
     """Vocabulary size of the BPE tokenizer (ignored for bytes)."""
     max_bytes: Optional[int] = 4_000_000
     """Cap on corpus bytes read (stdlib/text), to keep start-up fast; None reads everything."""
     seq_len: int = 128
     """Tokens per training window."""
+    overflow: Literal["truncate", "error"] = "truncate"
+    """An SFT example longer than a window: cut it (counted in the log) or stop with an error."""
     batch_size: int = 16
     """Windows per batch (global, across data-parallel ranks)."""
     num_workers: int = 0
@@ -78,6 +86,14 @@ def build_tokenizer(cfg: DataConfig) -> Tokenizer:
     """Bytes (256 values + EOS), or a byte-level BPE of `cfg.vocab_size` trained on the train split."""
     if cfg.tokenizer == "bytes":
         return ByteTokenizer(eos=True)
+    if cfg.tokenizer == "model":
+        if cfg.tokenizer_path is None:
+            raise ValueError("data.tokenizer=model reads the tokenizer of a model folder, but data.tokenizer_path is "
+                             "not set; pass --data.tokenizer_path FOLDER (the folder of --init_from).")
+        return load_model_tokenizer(cfg.tokenizer_path)
+    if cfg.source == "sft":
+        raise ValueError("data.tokenizer=bpe trains a tokenizer on text, not on SFT examples; use "
+                         "--data.tokenizer model --data.tokenizer_path FOLDER, or bytes.")
     docs = _source(cfg, "train")
     return train_bpe(list(docs), cfg.vocab_size)
 
@@ -119,7 +135,8 @@ def build_batches(
     The train split is shuffled and repeats over epochs; the eval split is read in order, so each
     evaluation sees the same batches. `cfg.batch_size` is global: each of `shard_count` ranks gets
     `batch_size // shard_count` rows. `cfg.collate` names the registered collator applied to
-    each numpy batch (default "torch").
+    each numpy batch (default "torch"). SFT batches (`source="sft"`) also hold `segment_ids` and
+    `positions` (`ember.data.sft`).
     """
     collate = get_collator(cfg.collate)
     if cfg.batch_size % shard_count:
@@ -127,6 +144,13 @@ def build_batches(
             f"data.batch_size={cfg.batch_size} is global and must divide evenly over {shard_count} "
             f"data-parallel ranks; use a multiple of {shard_count}."
         )
+    if cfg.source == "sft":  # the eval split reads the same examples, in order
+        if cfg.path is None:
+            raise ValueError("data.source=sft needs data.path (a JSONL file); pass --data.path FILE.jsonl.")
+        it = make_sft_pipeline(cfg.path, tokenizer=tokenizer, seq_len=cfg.seq_len,
+                               batch_size=cfg.batch_size // shard_count, seed=cfg.seed, shuffle=split == "train",
+                               shard_index=shard_index, shard_count=shard_count, overflow=cfg.overflow)
+        return TorchBatches(it, collate=collate, device=device)
     it = make_pipeline(
         _source(cfg, split),
         tokenizer=tokenizer,

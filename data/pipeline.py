@@ -47,14 +47,17 @@ class GatherWindows:
 
     Args:
         windows: the `TokenWindows` to read from (pickled to grain workers: a `TokenBin` stream
-            travels as its path).
+            travels as its path), or windows whose `gather` returns the batch dict itself (packed SFT).
     """
 
     def __init__(self, windows: TokenWindows) -> None:
         self.windows = windows
 
     def __call__(self, ids: Any) -> dict[str, np.ndarray]:
-        return split_inputs_targets(self.windows.gather(ids))  # (B, seq_len + 1) -> 2 x (B, seq_len)
+        windows = self.windows.gather(ids)
+        if isinstance(windows, dict):  # already whole examples (`ember.data.sft.PackedWindows`)
+            return windows
+        return split_inputs_targets(windows)  # (B, seq_len + 1) -> 2 x (B, seq_len)
 
 
 def _check_shard(shard_index: int, shard_count: int) -> None:

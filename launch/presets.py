@@ -1,7 +1,7 @@
 """Built-in run configs, registered with `ember.launch.run_config` when this module is imported.
 
-Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `llama3_125m` (the functions
-building each config).
+Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `tiny_chat_sft`, `llama3_125m`
+(the functions building each config).
 
 `llama3_tiny` is the default of `launch/train.py` and `make train`: a small Llama-style model
 trained on the running interpreter's standard library sources in a few CPU minutes. Vocabularies
@@ -24,7 +24,7 @@ from ember.launch.run_config import TrainConfig, register_config
 from ember.models import get_config
 from ember.optim.config import OptimConfig
 
-__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny"]
+__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny", "tiny_chat_sft"]
 
 _BYTE_VOCAB = 320  # 257 byte-tokenizer ids padded to a multiple of 64
 
@@ -79,6 +79,18 @@ def qwen2_tiny() -> TrainConfig:
 def mistral_tiny() -> TrainConfig:
     """The Mistral family's toy model (`llama3_tiny`'s shapes, a 64-token window) on the same data and schedule."""
     return _llama_layout_tiny("mistral")
+
+
+@register_config("tiny_chat_sft")
+def tiny_chat_sft() -> TrainConfig:
+    """Supervised fine-tuning of the Hugging Face folder `launch/tiny_chat.py` writes, on its chat JSONL."""
+    base, folder = qwen2_tiny(), "runs/tiny_chat/model"
+    data = DataConfig(source="sft", path="runs/tiny_chat/chat.jsonl", tokenizer="model", tokenizer_path=folder,
+                      seq_len=256, batch_size=4)
+    return dataclasses.replace(base, init_from=folder, data=data, steps=150, eval_every=50, eval_batches=4,
+                               optim=dataclasses.replace(base.optim, warmup_steps=10),
+                               sample_prompt="What is the json module for?", sample_tokens=40,
+                               out="runs/tiny_chat_sft")
 
 
 @register_config("llama3_125m")

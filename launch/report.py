@@ -42,7 +42,14 @@ def report_run(cfg: TrainConfig, history: List[Dict[str, float]], *, model: Any,
     (s0, e0), (s1, e1) = evals[0], evals[-1]
     print(f"eval loss: {e0:.4f} at step {s0} -> {e1:.4f} at step {s1} ({100 * (1 - e1 / e0):.1f}% lower)")
     if sample and cfg.sample_tokens:
-        prompt = torch.tensor([tokenizer.encode(cfg.sample_prompt).tolist()], device=device)
+        chat = getattr(tokenizer, "chat_template", None) is not None and cfg.data.source == "sft"
+        if chat:  # the prompt as a user turn, rendered with the model's template, up to the assistant's cue
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": cfg.sample_prompt}], add_generation_prompt=True)
+        else:
+            ids = tokenizer.encode(cfg.sample_prompt)
+        prompt = torch.tensor([ids.tolist()], device=device)
         out = generate(model.apply, params, prompt, max_new_tokens=cfg.sample_tokens, key=random.key(cfg.seed),
-                       temperature=0.8, top_k=40, max_seq_len=cfg.data.seq_len)
-        print("--- sample ---\n" + tokenizer.decode(out[0].cpu().tolist()) + "\n--------------")
+                       temperature=0.8, top_k=40, max_seq_len=cfg.data.seq_len)[0].cpu().tolist()
+        if chat and tokenizer.eos_id in out[len(ids):]:  # the reply ends at the end of its turn
+            out = out[:len(ids) + out[len(ids):].index(tokenizer.eos_id) + 1]
+        print("--- sample ---\n" + tokenizer.decode(out) + "\n--------------")

@@ -1,0 +1,134 @@
+"""Chat templates: a model folder's Jinja template rendered as transformers renders it, and the
+character spans of the assistant turns (what an SFT loss mask covers).
+
+Public names: `ChatTemplate`.
+
+The template comes from `tokenizer_config.json` (`chat_template`) or `chat_template.jinja`. It is
+rendered with Jinja2 in a sandbox set up like transformers' `apply_chat_template`: blocks trimmed,
+loop controls, `raise_exception`, `strftime_now` and a `tojson` that keeps non-ASCII text; the
+special tokens (`bos_token`, `eos_token`, ...) are variables. So the same messages give the same
+text, and through the same `tokenizer.json` the same ids.
+
+Example:
+    >>> t = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}"
+    ...                  "{% if add_generation_prompt %}<assistant>{% endif %}", special_tokens={"eos_token": "</s>"})
+    >>> msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    >>> t.render(msgs)
+    '<user>hi</s><assistant>hello</s>'
+    >>> text, spans = t.render_with_assistant_spans(msgs)
+    >>> [text[a:b] for a, b in spans]
+    ['hello</s>']
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.nodes
+import jinja2.sandbox
+
+__all__ = ["ChatTemplate"]
+
+Message = Mapping[str, Any]
+
+_RENDER_VARIABLES = ("messages", "add_generation_prompt", "tools", "documents", "continue_final_message")
+"""What every render passes (None when not given); the special tokens and `extra` variables are added."""
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template.
+
+    Args:
+        source: the Jinja template text.
+        special_tokens: variables naming the tokenizer's special tokens (`{"bos_token": "<s>", ...}`).
+        extra: more variables the template reads (for example `{"enable_thinking": False}`).
+        name: where the template came from, for error messages.
+
+    Raises:
+        ValueError: the template does not parse, or reads a variable that no render provides (each
+            unknown name is listed, with the fix).
+    """
+
+    def __init__(self, source: str, *, special_tokens: Optional[Mapping[str, str]] = None,
+                 extra: Optional[Mapping[str, Any]] = None, name: str = "chat template") -> None:
+        env = _environment()
+        try:
+            ast = env.parse(source)
+        except jinja2.exceptions.TemplateSyntaxError as err:
+            raise ValueError(f"{name} is not valid Jinja (line {err.lineno}: {err.message}).") from err
+        self.variables: Dict[str, Any] = {**(special_tokens or {}), **(extra or {})}
+        known = set(_RENDER_VARIABLES) | set(self.variables) | set(env.globals)
+        # A name set in one branch only counts as undeclared for jinja2.meta: a name set anywhere is the template's own.
+        own = {n.name for n in ast.find_all(jinja2.nodes.Name) if n.ctx in ("store", "param")}
+        unknown = sorted(jinja2.meta.find_undeclared_variables(ast) - known - own)
+        if unknown:
+            raise ValueError(
+                f"{name} reads variable(s) {unknown} that no render provides (known: "
+                f"{sorted(set(_RENDER_VARIABLES) | set(self.variables))}); pass them as ChatTemplate(extra={{...}}) "
+                f"or fix the template."
+            )
+        self.source = source
+        self.name = name
+        self._template = env.from_string(source)
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False, **variables: Any) -> str:
+        """The conversation as the model reads it (`add_generation_prompt`: end with the assistant's cue)."""
+        values = {name: None for name in _RENDER_VARIABLES}
+        values.update(self.variables)
+        values.update(variables)
+        values.update(messages=list(messages), add_generation_prompt=add_generation_prompt)
+        try:
+            return self._template.render(**values)
+        except jinja2.exceptions.TemplateError as err:
+            raise ValueError(f"{self.name} refused the conversation: {err}") from err
+
+    def render_with_assistant_spans(self, messages: Sequence[Message],
+                                    **variables: Any) -> Tuple[str, List[Tuple[int, int]]]:
+        """The rendered conversation and the `(start, end)` character span of each assistant turn.
+
+        A turn's span runs from where the conversation before it, rendered with the generation cue,
+        ends, to where the conversation up to it ends: the reply and the tokens that close it
+        (`<|im_end|>`, `</s>`), which the model must learn to emit.
+
+        Raises:
+            ValueError: rendering a prefix of the conversation does not give a prefix of the whole
+                (a template that rewrites earlier turns; the turn is named).
+        """
+        text = self.render(messages, **variables)
+        spans = []
+        for i, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            start = len(self.render(messages[:i], add_generation_prompt=True, **variables)) if i else 0
+            upto = self.render(messages[:i + 1], **variables)
+            if not text.startswith(upto) or start > len(upto):
+                raise ValueError(
+                    f"{self.name} renders the conversation up to turn {i} (assistant) differently from the "
+                    f"start of the whole conversation, so the assistant tokens cannot be located; use a template "
+                    f"whose output for a prefix of the messages is a prefix of the output."
+                )
+            spans.append((start, len(upto)))
+        return text, spans

@@ -1,0 +1,163 @@
+"""Supervised fine-tuning data: JSONL conversations, a loss on the assistant tokens only, packed windows.
+
+Public names: `read_sft_jsonl`, `tokenize_sft_example`, `PackedWindows`, `pack_sft`, `make_sft_pipeline`.
+
+Each JSONL line is `{"messages": [{"role": ..., "content": ...}, ...]}` (rendered with the model's
+chat template) or `{"prompt": ..., "completion": ...}` (the completion and an EOS are trained on).
+Examples are packed in order into windows of `seq_len` tokens; each window carries
+
+    inputs, targets   (T,) int64   targets are -100 where nothing is learnt (prompts, padding)
+    segment_ids       (T,) int64   1, 2, ... per document in the window, 0 for padding
+    positions         (T,) int64   restarting at 0 with each document
+
+so attention never crosses a document boundary (`segment_ids`) and rotary positions are those of
+the document alone: a packed batch gives the loss and gradients of its documents run one by one.
+The windows go through the same sharded, shuffled, resumable grain pipeline as pretraining text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Dict, Iterator, List, Literal, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from .iterator import PipelineIterator
+from .pipeline import window_batches
+from .tokenizers import Tokenizer
+
+__all__ = ["PackedWindows", "make_sft_pipeline", "pack_sft", "read_sft_jsonl", "tokenize_sft_example"]
+
+IGNORE_INDEX = -100
+"""The target of a position that is not learnt (what `cross_entropy` ignores)."""
+
+Overflow = Literal["truncate", "error"]
+log = logging.getLogger(__name__)
+
+
+def read_sft_jsonl(path: str) -> Iterator[Dict[str, Any]]:
+    """The examples of a JSONL file, one per non-empty line.
+
+    Raises:
+        ValueError: a line that is not JSON, or holds neither a `messages` list nor `prompt` and
+            `completion` strings (the file and line number are named).
+    """
+    with open(os.fspath(path), encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                example = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not a JSON object ({err.msg}); each line must be one example.") from None
+            if not isinstance(example, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(example).__name__}.")
+            messages = example.get("messages")
+            if isinstance(messages, list) and all(isinstance(m, dict) and "role" in m and "content" in m
+                                                   for m in messages) and messages:
+                yield {"messages": messages}
+            elif isinstance(example.get("prompt"), str) and isinstance(example.get("completion"), str):
+                yield {"prompt": example["prompt"], "completion": example["completion"]}
+            else:
+                raise ValueError(
+                    f"{where}: expected \"messages\" (a non-empty list of {{\"role\", \"content\"}} objects) or "
+                    f"\"prompt\" and \"completion\" strings, got keys {sorted(example)}."
+                )
+
+
+def tokenize_sft_example(example: Mapping[str, Any], tokenizer: Tokenizer) -> Tuple[np.ndarray, np.ndarray]:
+    """`(ids, learnt)`: the example's token ids and a bool mask of the tokens the loss is on.
+
+    Conversations need a tokenizer with a chat template (`ember.data.load_model_tokenizer`); a
+    prompt/completion pair is `prompt + completion + EOS` with the completion and EOS learnt.
+    """
+    if "messages" in example:
+        if not hasattr(tokenizer, "encode_chat"):
+            raise ValueError(f"conversations (\"messages\") are rendered with the model's chat template, but "
+                             f"{tokenizer!r} has none; use data.tokenizer=model with data.tokenizer_path set to the "
+                             f"model folder, or prompt/completion lines.")
+        return tokenizer.encode_chat(example["messages"])
+    prompt, completion = tokenizer.encode(example["prompt"]), tokenizer.encode(example["completion"])
+    eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+    ids = np.concatenate([prompt, completion, np.asarray(eos, dtype=prompt.dtype)]).astype(np.int32)
+    learnt = np.zeros(len(ids), dtype=bool)
+    learnt[len(prompt):] = True
+    return ids, learnt
+
+
+def pack_sft(examples: Sequence[Tuple[np.ndarray, np.ndarray]], seq_len: int, *,
+             overflow: Overflow = "truncate") -> Dict[str, np.ndarray]:
+    """Pack `(ids, learnt)` examples, in order, into `(N, seq_len)` windows (see the module docstring).
+
+    An example of `n` tokens fills `n - 1` positions (each predicts the next token). One that does not
+    fit a window is cut to `seq_len + 1` tokens (`overflow="truncate"`, counted in the log) or refused
+    (`"error"`).
+    """
+    rows: List[List[Tuple[np.ndarray, np.ndarray]]] = [[]]
+    used, truncated = 0, 0
+    for index, (ids, learnt) in enumerate(examples):
+        if len(ids) < 2:
+            continue
+        if len(ids) - 1 > seq_len:
+            if overflow == "error":
+                raise ValueError(f"example {index} has {len(ids)} tokens, more than a window of seq_len={seq_len} "
+                                 f"(+1) holds; raise data.seq_len or pass data.overflow=truncate.")
+            ids, learnt, truncated = ids[:seq_len + 1], learnt[:seq_len + 1], truncated + 1
+        if used + len(ids) - 1 > seq_len:
+            rows.append([])
+            used = 0
+        rows[-1].append((ids, learnt))
+        used += len(ids) - 1
+    if truncated:
+        log.warning("SFT packing: %d example(s) longer than seq_len=%d were truncated", truncated, seq_len)
+    rows = [r for r in rows if r]
+    out = {k: np.zeros((len(rows), seq_len), dtype=np.int64) for k in ("inputs", "targets", "segment_ids", "positions")}
+    out["targets"][:] = IGNORE_INDEX
+    for r, row in enumerate(rows):
+        at = 0
+        for segment, (ids, learnt) in enumerate(row, start=1):
+            n = len(ids) - 1
+            out["inputs"][r, at:at + n] = ids[:-1]
+            out["targets"][r, at:at + n] = np.where(learnt[1:], ids[1:], IGNORE_INDEX)
+            out["segment_ids"][r, at:at + n] = segment
+            out["positions"][r, at:at + n] = np.arange(n)
+            at += n
+    return out
+
+
+class PackedWindows:
+    """Packed SFT windows as the grain pipeline reads them: `len`, `seq_len`, `gather(ids) -> batch dict`."""
+
+    def __init__(self, packed: Mapping[str, np.ndarray]) -> None:
+        self.packed = dict(packed)
+        self.seq_len = int(self.packed["inputs"].shape[1])
+        self.num_tokens = int((self.packed["segment_ids"] > 0).sum())
+        if not len(self):
+            raise ValueError("no SFT example has two or more tokens: there is nothing to train on.")
+
+    def __len__(self) -> int:
+        return int(self.packed["inputs"].shape[0])
+
+    def gather(self, indices: Any) -> Dict[str, np.ndarray]:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return {k: v[idx] for k, v in self.packed.items()}
+
+    def __repr__(self) -> str:
+        return f"PackedWindows({len(self)} windows of {self.seq_len} tokens, {self.num_tokens} real)"
+
+
+def make_sft_pipeline(path: str, *, tokenizer: Tokenizer, seq_len: int, batch_size: int, seed: int = 0,
+                      shuffle: bool = True, shard_index: int = 0, shard_count: int = 1,
+                      overflow: Overflow = "truncate", repeat: bool = True) -> PipelineIterator:
+    """A resumable iterator of packed SFT batches (`(B, T)` numpy dicts, keys as in the module docstring)."""
+    examples = [tokenize_sft_example(e, tokenizer) for e in read_sft_jsonl(path)]
+    windows = PackedWindows(pack_sft(examples, seq_len, overflow=overflow))
+    dataset = window_batches(windows, batch_size=batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
+                             shard_count=shard_count, repeat=repeat)
+    config = {"sft": os.path.abspath(path), "windows": len(windows), "num_tokens": windows.num_tokens,
+              "seq_len": seq_len, "batch_size": batch_size, "seed": int(seed), "shuffle": bool(shuffle),
+              "shard_index": shard_index, "shard_count": shard_count, "repeat": bool(repeat)}
+    return PipelineIterator(dataset, config=config, batches_per_epoch=len(windows) // shard_count / batch_size)
