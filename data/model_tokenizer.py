@@ -9,12 +9,12 @@ Public names: `ModelTokenizer`, `load_model_tokenizer`.
 assistant turns' tokens (the SFT loss mask).
 
 Example:
-    >>> import tempfile, json, os
+    >>> import tempfile, json, pathlib
     >>> from ember.data import train_bpe
-    >>> d = tempfile.mkdtemp()
-    >>> train_bpe(["hello there, how are you"] * 20, vocab_size=300).save(os.path.join(d, "tokenizer.json"))
-    >>> json.dump({"eos_token": "<|endoftext|>", "chat_template": "{% for m in messages %}{{ m.role }}: "
-    ...            "{{ m.content }}{{ eos_token }}{% endfor %}"}, open(os.path.join(d, "tokenizer_config.json"), "w"))
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> train_bpe(["hello there, how are you"] * 20, vocab_size=300).save(d / "tokenizer.json")
+    >>> _ = (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "chat_template":
+    ...     "{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"}))
     >>> tok = load_model_tokenizer(d)
     >>> ids, mask = tok.encode_chat([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "there"}])
     >>> tok.decode(ids[mask])

@@ -7,6 +7,8 @@ compile time with depth and microbatches.
     python launch/bench_scale.py --remat-memory none,full,dots_saveable --config llama3_125m \
         --batch 4 --seq 512                                     # compiled step's peak memory per remat policy
     python launch/bench_scale.py --scan-steady none,full        # warm step time, unrolled vs scan_layers
+    python launch/bench_scale.py --generate 256                 # tokens/s, KV cache vs none, 256 new tokens
+    python launch/bench_scale.py --packed-attention 1024        # attention time: unmasked, packed, dense mask
     python launch/bench_scale.py --loss-memory --compile-depth 4,12,24 --markdown /tmp/scale.md
 
 Every figure comes from its own fresh process (`--scan-steady` times its two variants side by side
@@ -58,6 +60,10 @@ def _flag(name, value):
 
 
 def _run_child(spec):
+    if spec["what"] == "packed_attention":
+        from ember.launch.benchmark.scaling import packed_attention_child
+
+        return packed_attention_child(seq_len=spec["seq_len"])
     if spec["what"] == "loss_memory":
         from ember.launch.benchmark.scaling import loss_memory_child
 
@@ -71,6 +77,10 @@ def _run_child(spec):
                                   for name, overrides in spec["variants"].items()})
 
     config = parse_cli(spec["config"], [_flag(k, v) for k, v in spec["overrides"].items()])
+    if spec["what"] == "generate":
+        from ember.launch.benchmark.scaling import generate_child
+
+        return generate_child(config, new_tokens=spec["new_tokens"])
     if spec["what"] == "step_memory":
         return {**step_memory_child(config), **spec["overrides"]}
     return {**compile_child(config, backend=spec["backend"]), **spec["overrides"]}
@@ -109,6 +119,30 @@ def scan_steady(args):
         print(rows[-1], flush=True)
     return (f"Warm compiled step of `{args.config}` (Inductor, AdamW, state donated), unrolled vs "
             "scan_layers, both in one process, timed alternately (median of 5 rounds of 5 calls):", rows)
+
+
+def generate_speed(args):
+    r = _child(dict(what="generate", config=args.config, overrides={}, new_tokens=args.generate))
+    base = r["uncached"]["tokens_per_s"]
+    rows = ["| generation | tokens/s | vs uncached | same tokens |", "|---|---:|---:|---|"]
+    for name, label in (("uncached", "no cache (eager, whole prefix per token)"), ("cached_eager", "KV cache, eager"),
+                        ("cached_inductor", "KV cache, compiled decode step")):
+        rows.append(f"| {label} | {r[name]['tokens_per_s']:,.0f} | {_ratio(r[name]['tokens_per_s'], base)} | "
+                    f"{r[name]['same_tokens']} |")
+        print(rows[-1], flush=True)
+    return (f"Greedy generation of {args.generate} tokens after a 16-token prompt, `{args.config}`'s model, batch 1 "
+            "(warm: compiling not counted):", rows)
+
+
+def packed_attention(args):
+    r = _child(dict(what="packed_attention", seq_len=args.packed_attention))
+    rows = ["| attention | fwd + bwd (ms) | vs unmasked |", "|---|---:|---:|"]
+    for name, label in (("unmasked", "unmasked (causal)"), ("packed", "packed: segment mask through SDPA"),
+                        ("dense", "dense fallback: scores, softmax, @ v")):
+        rows.append(f"| {label} | {r[name] * 1e3:.1f} | {_ratio(r[name], r['unmasked'])} |")
+        print(rows[-1], flush=True)
+    return (f"Compiled attention forward + backward at seq {args.packed_attention} (batch 2, 8 heads of 64, "
+            "4 documents a row; Inductor, median of 5):", rows)
 
 
 def loss_memory(args):
@@ -157,6 +191,8 @@ def main(argv=None):
     p.add_argument("--compile-microbatches", help="comma-separated microbatch counts for cold compile times")
     p.add_argument("--remat-memory", help="comma-separated remat policies: the compiled step's peak memory for each")
     p.add_argument("--scan-steady", help="comma-separated remat policies: warm step time, unrolled vs scan_layers")
+    p.add_argument("--generate", type=int, metavar="N", help="tokens/s generating N tokens, KV cache vs none")
+    p.add_argument("--packed-attention", type=int, metavar="T", help="attention time at seq T: unmasked, packed, dense")
     p.add_argument("--batch", type=int, help="batch size override for --remat-memory / --scan-steady")
     p.add_argument("--seq", type=int, help="sequence length override for --remat-memory / --scan-steady")
     p.add_argument("--scan", action="store_true",
@@ -179,6 +215,10 @@ def main(argv=None):
         sections.append(remat_memory(args))
     if args.scan_steady:
         sections.append(scan_steady(args))
+    if args.generate:
+        sections.append(generate_speed(args))
+    if args.packed_attention:
+        sections.append(packed_attention(args))
     if args.compile_depth:
         sections.append(compile_scaling(args, "model.n_layers", [int(x) for x in args.compile_depth.split(",")],
                                         "layers"))
@@ -186,7 +226,8 @@ def main(argv=None):
         sections.append(compile_scaling(args, "microbatches", [int(x) for x in args.compile_microbatches.split(",")],
                                         "microbatches"))
     if not sections:
-        p.error("choose at least one of --loss-memory, --remat-memory, --scan-steady, --compile-depth, "
+        p.error("choose at least one of --loss-memory, --remat-memory, --scan-steady, --generate, --packed-attention, "
+                "--compile-depth, "
                 "--compile-microbatches")
     text = f"torch {torch.__version__}, {os.cpu_count()} CPU cores.\n\n" + "\n\n".join(
         title + "\n\n" + "\n".join(rows) for title, rows in sections)

@@ -1,17 +1,18 @@
-"""ember.models: the layer DSL, the GPT-2, Llama-3, Qwen2 and Mistral families, and the architecture registry.
+"""ember.models: the layer DSL, the GPT-2, Llama-3, Qwen2, Qwen3, Mistral and Gemma families, and the architecture registry.
 
 Each family is a folder read top to bottom: `llama3/model.py` (attention, MLP, block, model),
 `llama3/config.py` (config and named sizes), `llama3/hf.py` (Hugging Face mapping); `gpt2/` likewise.
-`qwen2/` and `mistral/` reuse Llama's block and say what their configs change.
+`qwen2/`, `qwen3/`, `mistral/` and `gemma/` reuse Llama's block and say what their configs change.
 
 Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `RMSNorm`, ...), `GPT2`,
-`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
+`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
 `get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
-`estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; bridges `from_torch`,
-`from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2 and Mistral folders; other causal LMs
+`estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; `Decoder` (KV-cache generation,
+`ember.models.generation`); bridges `from_torch`,
+`from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2, Qwen3, Mistral and Gemma folders; other causal LMs
 through the bridge); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`.
 
-Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `mistral`) and
+Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `mistral`, `gemma`) and
 their architectures.
 
 Example:
@@ -31,6 +32,9 @@ from .bridge import HF_LLAMA_AXES_RULES as HF_LLAMA_AXES_RULES
 from .bridge import TorchModel as TorchModel
 from .bridge import axes_from_rules as axes_from_rules
 from .bridge import from_torch as from_torch
+from .gemma import Gemma as Gemma
+from .gemma import GemmaConfig as GemmaConfig
+from .generation import Decoder as Decoder
 from .hf import SUPPORTED_HF_MODELS as SUPPORTED_HF_MODELS
 from .hf import config_from_hf as config_from_hf
 from .hf import config_to_hf as config_to_hf
@@ -54,6 +58,8 @@ from .objectives import check_lm_data as check_lm_data
 from .objectives import lm_loss as lm_loss
 from .qwen2 import Qwen2 as Qwen2
 from .qwen2 import Qwen2Config as Qwen2Config
+from .qwen3 import Qwen3 as Qwen3
+from .qwen3 import Qwen3Config as Qwen3Config
 from .registry import ModelRegistry as ModelRegistry
 from .registry import arch as arch
 from .registry import build_model as build_model
@@ -69,8 +75,11 @@ from .summary import describe as describe
 from .summary import estimate_memory as estimate_memory
 
 __all__ = [
+    "Decoder",
     "GPT2",
     "GPT2Config",
+    "Gemma",
+    "GemmaConfig",
     "HF_GPT2_AXES_RULES",
     "HF_LLAMA_AXES_RULES",
     "Llama3",
@@ -82,6 +91,8 @@ __all__ = [
     "ModelRegistry",
     "Qwen2",
     "Qwen2Config",
+    "Qwen3",
+    "Qwen3Config",
     "SUPPORTED_HF_MODELS",
     "TorchModel",
     "arch",

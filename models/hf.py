@@ -111,7 +111,7 @@ def _supported_text() -> str:
 
 
 def _adapter_for_config(config: Any, what: str) -> HFAdapter:
-    for adapter in _adapters():  # the exact class: Qwen2Config and MistralConfig subclass Llama3Config
+    for adapter in _adapters():  # the exact class: the Qwen, Mistral and Gemma configs subclass Llama3Config
         if type(config) is adapter.config_cls:
             return adapter
     raise TypeError(what.format(_names([a.config_cls.__name__ for a in _adapters()], "or"), type(config).__name__))
@@ -179,11 +179,11 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> Any:
     """The ember config for a Hugging Face `config.json` dict.
 
     Args:
-        hf_config: the parsed `config.json` (`model_type` "gpt2", "llama", "qwen2" or "mistral").
+        hf_config: the parsed `config.json` (`model_type` of a native family: "gpt2", "llama", "qwen2", ...).
         **overrides: ember config fields to set (e.g. `scan_layers=True`, `remat=True`, `dropout=0.0`).
 
     Returns:
-        A `GPT2Config`, `Llama3Config`, `Qwen2Config` or `MistralConfig`.
+        The family's config (`GPT2Config`, `Llama3Config`, `Qwen2Config`, ...).
 
     Raises:
         ValueError: another architecture (names the supported ones), a setting ember's model does
@@ -214,7 +214,7 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> Any:
 
 
 def config_to_hf(config: Any) -> Dict[str, Any]:
-    """The Hugging Face `config.json` dict for an ember GPT-2, Llama-3, Qwen2 or Mistral config.
+    """The Hugging Face `config.json` dict for the config of a native ember family.
 
     Raises:
         TypeError: `config` is not the config of a native family.
@@ -294,7 +294,7 @@ def from_hf(
 ) -> Tuple[Any, Params]:
     """Load a local Hugging Face causal LM folder as an ember model and its params.
 
-    GPT-2, Llama, Qwen2 and Mistral folders become native ember models. Any other causal LM that
+    GPT-2, Llama, Qwen2, Qwen3, Mistral and Gemma folders become native ember models. Any other causal LM that
     transformers loads is bridged (`hf_bridge.bridge_from_hf`, with one warning line): it trains,
     without the native families' extras.
 
@@ -308,7 +308,7 @@ def from_hf(
             gets a key; pass `dropout=0.0` to fine-tune without it.
 
     Returns:
-        `(model, params)`: a native model (`GPT2`, `Llama3`, `Qwen2`, `Mistral`) or a bridged
+        `(model, params)`: a native model (`GPT2`, `Llama3`, `Qwen2`, `Qwen3`, `Mistral`, `Gemma`) or a bridged
         `TorchModel`, and its params tree.
 
     Raises:

@@ -66,7 +66,7 @@ def bridge_from_hf(path: str, hf_config: Mapping[str, Any], *, supported: str, o
     except (ValueError, KeyError, OSError) as err:
         raise ValueError(
             f"model_type {model_type!r} has no native ember family ({supported} do), and transformers "
-            f"could not load {path} as a causal LM either: {err}"
+            f"could not load {path} as a causal LM either: {str(err).strip().splitlines()[0]}"
         ) from err
     warnings.warn(
         f"from_hf: model_type {model_type!r} has no native ember family ({supported} do); it is loaded by "

@@ -2,7 +2,7 @@
 
 Public names: `sample_token`, `generate`.
 
-`sample_token` picks the next token from logits (greedy, temperature, top-k) with an ember key:
+`sample_token` picks the next token from logits (greedy, temperature, top-k, top-p) with an ember key:
 traceable, no host sync. `generate` runs the model on a growing window and is deterministic for a
 given key: the same key gives the same text on every run.
 
@@ -34,6 +34,7 @@ def sample_token(
     key: Optional[Key] = None,
     temperature: float = 1.0,
     top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
 ) -> Tensor:
     """Sample one token per row from `logits`.
 
@@ -42,12 +43,14 @@ def sample_token(
         key: RNG key; required unless `temperature == 0` (greedy).
         temperature: 0 means greedy (argmax); higher flattens the distribution.
         top_k: keep only the `top_k` highest-scoring tokens before sampling.
+        top_p: nucleus sampling: keep the fewest highest-probability tokens whose probabilities
+            sum to at least `top_p` (in (0, 1]), after `top_k`.
 
     Returns:
         (B,) int64 token ids.
 
     Raises:
-        ValueError: a negative temperature, `top_k < 1`, or sampling without a key.
+        ValueError: a negative temperature, `top_k < 1`, `top_p` outside (0, 1], or sampling without a key.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
@@ -61,6 +64,14 @@ def sample_token(
             raise ValueError(f"top_k must be >= 1, got {top_k}.")
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]  # (B, 1)
         logits = torch.where(logits < kth, torch.full_like(logits, float("-inf")), logits)
+    if top_p is not None:
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+        ranked, order = logits.sort(dim=-1, descending=True)  # (B, V)
+        probs = ranked.softmax(dim=-1)
+        beyond = probs.cumsum(dim=-1) - probs >= top_p  # the mass before this token already reaches top_p
+        ranked = ranked.masked_fill(beyond, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ranked)
     # Gumbel-max: argmax(logits + Gumbel noise) is a sample from softmax(logits).
     u = random.uniform(key, logits.shape, minval=1e-7, maxval=1.0)
     return (logits - torch.log(-torch.log(u))).argmax(dim=-1)

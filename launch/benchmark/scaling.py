@@ -1,6 +1,7 @@
 """Child-process measurements for `launch/bench_scale.py`: loss and step memory, cold compile time.
 
-Public names: `loss_memory_child`, `compile_child`, `step_memory_child`, `scan_steady_child`.
+Public names: `loss_memory_child`, `compile_child`, `step_memory_child`, `scan_steady_child`,
+`generate_child`, `packed_attention_child`.
 
 Each runs in a fresh process (started by `bench_scale.py` with a pinned `MALLOC_MMAP_THRESHOLD_`, so
 freed tensors leave the resident set, and with its own empty Inductor cache for compile times).
@@ -124,3 +125,60 @@ def scan_steady_child(configs: Dict[str, Any], *, rounds: int = 5, calls: int = 
             times[name].append((time.perf_counter() - start) / calls)
             run[1] = state
     return {name: {"step_s": sorted(times[name])[rounds // 2], "loss": runs[name][3]} for name in configs}
+
+
+def generate_child(config: Any, *, new_tokens: int, prompt_len: int = 16) -> Dict[str, Any]:
+    """Tokens per second of greedy generation of `new_tokens` tokens after a `prompt_len`-token prompt:
+    ember's uncached loop (the whole prefix again for every token, eager), and the KV-cache `Decoder`
+    eager and compiled (Inductor; timed after a warm-up generation, so compiling is not counted)."""
+    import ember.models as models
+    from ember.core.step_fns import generate
+    from ember.models.generation import Decoder
+
+    model = models.build_model(config.family, config.model)
+    params = model.init(random.key(0))
+    prompt = random.randint(random.key(1), (1, prompt_len), 0, config.model.vocab_size)
+    runs = {"uncached": lambda: generate(model.apply, params, prompt, max_new_tokens=new_tokens, temperature=0.0)}
+    for backend in ("eager", "inductor"):
+        decoder = Decoder(model, backend=backend)
+        runs[f"cached_{backend}"] = (lambda d: lambda: d.generate(params, prompt, max_new_tokens=new_tokens,
+                                                                    temperature=0.0))(decoder)
+    out: Dict[str, Any] = {}
+    with torch.no_grad():
+        for name, run in runs.items():
+            run()  # warm-up (compiles the cached_inductor pair)
+            start = time.perf_counter()
+            tokens = run()
+            out[name] = {"tokens_per_s": new_tokens / (time.perf_counter() - start), "tokens": tokens}
+    reference = out["uncached"]["tokens"]
+    return {name: {"tokens_per_s": r["tokens_per_s"], "same_tokens": bool(torch.equal(r.pop("tokens"), reference))}
+            for name, r in out.items()}
+
+
+def packed_attention_child(*, seq_len: int, batch: int = 2, heads: int = 8, head_dim: int = 64, docs: int = 4,
+                           rounds: int = 5) -> Dict[str, Any]:
+    """Seconds of compiled attention forward + backward (`value_and_grad`, Inductor) at `seq_len`:
+    unmasked causal, packed (`docs` documents a row, a segment mask through SDPA) and the dense
+    fallback (scores, softmax, @ v, as `dot_product_attention` computes under DTensor with a mask)."""
+    from ember.models.layers.attention import _explicit_attention, attention_mask, dot_product_attention
+
+    k = random.split(random.key(0), 3)
+    q, kk, v = (random.normal(k[i], (batch, heads, seq_len, head_dim)) for i in range(3))
+    segment_ids = (torch.arange(seq_len) * docs // seq_len)[None].expand(batch, seq_len) + 1
+    variants = {
+        "unmasked": lambda q, k, v: dot_product_attention(q, k, v),
+        "packed": lambda q, k, v: dot_product_attention(q, k, v, segment_ids=segment_ids),
+        "dense": lambda q, k, v: _explicit_attention(q, k, v, attention_mask(seq_len, segment_ids=segment_ids),
+                                                     causal=True, dropout=0.0, key=None),
+    }
+    fns = {name: jit(value_and_grad(lambda qkv, f=f: f(*qkv).square().mean()), backend="inductor")
+           for name, f in variants.items()}
+    times: Dict[str, list] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn((q, kk, v))  # compile
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn((q, kk, v))
+            times[name].append(time.perf_counter() - start)
+    return {name: sorted(t)[rounds // 2] for name, t in times.items()}

@@ -2,7 +2,8 @@
 
 Public names: `Param`, `Module`, `path_key`, `initializers` (module), `Linear`, `Embedding`,
 `LayerNorm`, `RMSNorm`, `Dropout`, `RotaryEmbedding`, `RopeScaling`, `rope_frequencies`,
-`apply_rotary`, `dot_product_attention`, `attention_mask`, `repeat_kv`, `Sequential`, `Stacked`.
+`apply_rotary`, `dot_product_attention`, `attention_mask`, `repeat_kv`, `Sequential`, `Stacked`,
+`init_kv_cache`, `CachedCall` (the decoding cache).
 
 Attention, feed-forward layers and blocks live with their family, on the page of its `model.py`
 (`ember.models.llama3`: `Attention`, `SwiGLU`, `Block`; `ember.models.gpt2`: `CausalSelfAttention`,
@@ -34,6 +35,8 @@ from .attention import dot_product_attention as dot_product_attention
 from .attention import repeat_kv as repeat_kv
 from .dropout import Dropout as Dropout
 from .embedding import Embedding as Embedding
+from .kv_cache import CachedCall as CachedCall
+from .kv_cache import init_kv_cache as init_kv_cache
 from .linear import Linear as Linear
 from .module import Module as Module
 from .module import path_key as path_key
@@ -48,6 +51,7 @@ from .stacked import Sequential as Sequential
 from .stacked import Stacked as Stacked
 
 __all__ = [
+    "CachedCall",
     "Dropout",
     "Embedding",
     "LayerNorm",
@@ -62,6 +66,7 @@ __all__ = [
     "apply_rotary",
     "attention_mask",
     "dot_product_attention",
+    "init_kv_cache",
     "initializers",
     "path_key",
     "repeat_kv",

@@ -36,7 +36,7 @@ class Llama3Config:
     n_layers: int = 32
     """Number of transformer blocks."""
     n_heads: int = 32
-    """Query heads; must divide d_model (head_dim = d_model / n_heads)."""
+    """Query heads; must divide d_model (head_dim = d_model / n_heads) unless `attn_head_dim` is set."""
     n_kv_heads: int = 8
     """Key/value heads for grouped-query attention (Ainslie et al. 2023); must divide n_heads.
     Equal to n_heads for plain multi-head attention."""
@@ -50,6 +50,11 @@ class Llama3Config:
     """RoPE base; Llama 3 raised it from 10,000 to 500,000 for long contexts (paper §3.1.1)."""
     rope_scaling: Optional[RopeScaling] = None
     """Llama-3.1 RoPE frequency scaling; None for Llama 3.0 and toy models."""
+    attn_head_dim: Optional[int] = None
+    """Per-head width when it is not d_model / n_heads (Qwen3: 128 at d_model 1024 and 16 heads);
+    None derives it. `head_dim` is the width in use."""
+    qk_norm: bool = False
+    """RMSNorm each query and key head before the rotary embedding (Qwen3's q_norm / k_norm)."""
     qkv_bias: bool = False
     """Biases on the query, key and value projections (HF `attention_bias`; Llama 3: none; Qwen2: yes)."""
     sliding_window: Optional[int] = None
@@ -75,14 +80,15 @@ class Llama3Config:
         checks.check_positive(
             self, "vocab_size", "max_seq_len", "n_layers", "n_heads", "n_kv_heads", "d_model", "ffn_dim"
         )
-        checks.check_divides(self, "n_heads", "d_model", why="each head gets d_model / n_heads dims")
+        if self.attn_head_dim is None:
+            checks.check_divides(self, "n_heads", "d_model", why="each head gets d_model / n_heads dims")
         checks.check_divides(
             self, "n_kv_heads", "n_heads", why="each key/value head serves n_heads / n_kv_heads query heads"
         )
-        if (self.d_model // self.n_heads) % 2:
+        if self.head_dim <= 0 or self.head_dim % 2:
             raise ValueError(
-                f"Llama3Config: head_dim = d_model / n_heads = {self.d_model // self.n_heads} must be even "
-                f"for rotary embeddings; change d_model={self.d_model} or n_heads={self.n_heads}."
+                f"{type(self).__name__}: head_dim = {self.head_dim} must be a positive even number for rotary "
+                f"embeddings; change d_model={self.d_model}, n_heads={self.n_heads} or attn_head_dim."
             )
         if not self.norm_eps > 0:
             raise ValueError(f"Llama3Config.norm_eps must be > 0, got {self.norm_eps}.")
@@ -101,8 +107,8 @@ class Llama3Config:
 
     @property
     def head_dim(self) -> int:
-        """Per-head width, d_model / n_heads."""
-        return self.d_model // self.n_heads
+        """Per-head width: `attn_head_dim`, or d_model / n_heads."""
+        return self.d_model // self.n_heads if self.attn_head_dim is None else self.attn_head_dim
 
     def replace(self, **changes: Any) -> "Llama3Config":
         """A copy with `changes` applied (validated; misspelt fields name the closest one)."""

@@ -76,13 +76,10 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Optional[RopeScaling]]:
 def llama_fields_from_hf(hf: Mapping[str, Any]) -> Dict[str, Any]:
     """The `Llama3Config` fields that every Llama-layout family (Llama, Qwen2, Mistral) reads alike."""
     d, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
-    if hf.get("head_dim") not in (None, d // heads):
-        raise ValueError(
-            f"config.json head_dim={hf['head_dim']} differs from hidden_size / num_attention_heads = "
-            f"{d} / {heads} = {d // heads}; ember's Llama-layout models derive head_dim from d_model and n_heads."
-        )
+    head_dim = hf.get("head_dim")
     theta, scaling = _rope_from_hf(hf)
     return dict(
+        attn_head_dim=None if head_dim in (None, d // heads) else head_dim,
         vocab_size=hf.get("vocab_size", 32000),
         max_seq_len=hf.get("max_position_embeddings", 2048),
         n_layers=hf.get("num_hidden_layers", 32),
@@ -108,11 +105,9 @@ def llama3_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> L
 
 def llama3_config_to_hf(c: Llama3Config) -> Dict[str, Any]:
     """The HF `LlamaConfig` dict for `c`."""
-    if c.qkv_bias or c.sliding_window is not None:
-        raise ValueError(
-            f"Hugging Face Llama has no {'q/k/v-only biases' if c.qkv_bias else 'sliding window'}; export "
-            f"this config as the family that has it: {'qwen2' if c.qkv_bias else 'mistral'}."
-        )
+    for field, family in (("qkv_bias", "qwen2"), ("sliding_window", "mistral"), ("qk_norm", "qwen3")):
+        if getattr(c, field) not in (False, None):
+            raise ValueError(f"Hugging Face Llama has no {field}; export this config as the family that has it: {family}.")
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", **llama_fields_to_hf(c),
         "attention_bias": False, "mlp_bias": False,
@@ -143,6 +138,8 @@ def _names(c: Llama3Config) -> List[Tuple[str, str]]:
         names += [(f"blocks.{i}.{e}.weight", f"model.layers.{i}.{h}.weight") for e, h in _LAYER_NAMES]
         if c.qkv_bias:
             names += [(f"blocks.{i}.{e}.bias", f"model.layers.{i}.{h}.bias") for e, h in _LAYER_NAMES[1:4]]
+        if c.qk_norm:
+            names += [(f"blocks.{i}.attn.{n}.weight", f"model.layers.{i}.self_attn.{n}.weight") for n in ("q_norm", "k_norm")]
     names.append(("ln_f.weight", "model.norm.weight"))
     if not c.tie_embeddings:
         names.append(("lm_head.weight", "lm_head.weight"))

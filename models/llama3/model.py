@@ -69,6 +69,8 @@ class Attention(Module):
     Keyword inputs read from `**kwargs` (and forwarded to sub-layers): `positions` (T,) or (B, T)
     for RoPE (default `arange(T)`); `segment_ids` (B, T), tokens attend only within their segment;
     `attention_mask` (B, T), 0 for padding keys. See `dot_product_attention` for how it is computed.
+    `kv_cache` (a `CachedCall`): decoding; this layer's keys and values go into the cache, and the
+    queries attend over every cached position (`ember.models.generation`).
 
     Attributes:
         d_model: model width.
@@ -80,6 +82,8 @@ class Attention(Module):
         causal: causal masking.
         window: each query sees at most this many keys, itself included (Mistral's sliding window;
             None: all earlier keys).
+        qk_norm: RMSNorm each query and key head (parameters `q_norm`, `k_norm`, `(D,)`) before RoPE (Qwen3).
+        norm_eps: that RMSNorm's epsilon.
         dropout: attention-probability dropout rate (HF `attention_dropout`; Llama 3: 0).
         rope: rotary embedding applied to queries and keys (None: no positions).
         qkv_init: initializer of wq, wk, wv.
@@ -102,6 +106,8 @@ class Attention(Module):
     out_bias: Optional[bool] = None
     causal: bool = True
     window: Optional[int] = None
+    qk_norm: bool = False
+    norm_eps: float = 1e-6
     dropout: float = 0.0
     rope: Optional[RotaryEmbedding] = None
     qkv_init: inits.Initializer = inits.normal(0.02)
@@ -159,6 +165,9 @@ class Attention(Module):
         }
         if self.rope is not None:
             spec["rope"] = self.rope
+        if self.qk_norm:
+            spec["q_norm"] = RMSNorm(self.head_size, eps=self.norm_eps, axis=None, dtype=self.dtype)
+            spec["k_norm"] = RMSNorm(self.head_size, eps=self.norm_eps, axis=None, dtype=self.dtype)
         return spec
 
     def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
@@ -169,10 +178,15 @@ class Attention(Module):
         q = checkpoint_name(self.call("wq", params, x, **kwargs), "qkv").view(B, T, H, D)  # (B, T, H, D)
         k = checkpoint_name(self.call("wk", params, x, **kwargs), "qkv").view(B, T, KV, D)  # (B, T, KV, D)
         v = checkpoint_name(self.call("wv", params, x, **kwargs), "qkv").view(B, T, KV, D)  # (B, T, KV, D)
+        if self.qk_norm:  # each head normalised over its D dims
+            q, k = self.call("q_norm", params, q, **kwargs), self.call("k_norm", params, k, **kwargs)
         if self.rope is not None:  # rotate q and k by their positions
             q = self.call("rope", params, q, **kwargs)
             k = self.call("rope", params, k, **kwargs)
         q = q.transpose(1, 2)  # (B, H, T, D)
+        if kwargs.get("kv_cache") is not None:  # decoding: keys and values go through the cache (layers/kv_cache.py)
+            y = kwargs["kv_cache"].attend(q, k.transpose(1, 2), v.transpose(1, 2), window=self.window)  # (B, H, T, D)
+            return self.call("wo", params, y.transpose(1, 2).reshape(B, T, H * D), **kwargs)  # (B, T, d_model)
         k = repeat_kv(k.transpose(1, 2), H // KV)  # (B, KV, T, D) -> (B, H, T, D): head h reads kv head h // (H/KV)
         v = repeat_kv(v.transpose(1, 2), H // KV)  # (B, KV, T, D) -> (B, H, T, D)
         y = dot_product_attention(
@@ -270,11 +284,12 @@ class Llama3(Module):
         std = inits.normal(c.init_std)  # HF LlamaPreTrainedModel._init_weights: N(0, initializer_range)
         rope = RotaryEmbedding(c.head_dim, theta=c.rope_theta, scaling=c.rope_scaling)
         block = Block(
-            attn=Attention(c.d_model, c.n_heads, c.n_kv_heads, bias=c.qkv_bias, out_bias=False,
-                           window=c.sliding_window, rope=rope, qkv_init=std, out_init=std),
-            mlp=SwiGLU(c.d_model, c.ffn_dim, gate_init=std, down_init=std),
-            ln_1=RMSNorm(c.d_model, eps=c.norm_eps),
-            ln_2=RMSNorm(c.d_model, eps=c.norm_eps),
+            attn=Attention(c.d_model, c.n_heads, c.n_kv_heads, head_dim=c.head_dim, bias=c.qkv_bias, out_bias=False,
+                           window=c.sliding_window, qk_norm=c.qk_norm, norm_eps=c.norm_eps, rope=rope,
+                           qkv_init=std, out_init=std),
+            mlp=self.feed_forward(std),
+            ln_1=self.norm(),
+            ln_2=self.norm(),
         )
         if c.scan_layers:
             blocks = Stacked(block, c.n_layers, remat=c.remat)
@@ -283,7 +298,7 @@ class Llama3(Module):
         spec = {
             "wte": Embedding(c.vocab_size, c.d_model, weight_init=std),
             "blocks": blocks,
-            "ln_f": RMSNorm(c.d_model, eps=c.norm_eps),
+            "ln_f": self.norm(),
         }
         if not c.tie_embeddings:
             spec["lm_head"] = Linear(
@@ -312,9 +327,23 @@ class Llama3(Module):
         check_tokens(tokens, max_seq_len=self.config.max_seq_len, field="Llama3Config.max_seq_len")
         if kwargs.get("positions") is None:
             kwargs["positions"] = torch.arange(tokens.shape[1], device=tokens.device)  # (T,)
-        x = constrain(self.call("wte", params, tokens, **kwargs), RESIDUAL_AXES)  # (B, T, d)
+        x = constrain(self.embed(params, tokens, **kwargs), RESIDUAL_AXES)  # (B, T, d)
         x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
         return self.call("ln_f", params, x, **kwargs)
+
+    # What a Llama-layout family may change (Gemma does): the norm, the feed-forward layer, the embedding.
+
+    def norm(self) -> Module:
+        """The RMSNorm before each branch and at the end."""
+        return RMSNorm(self.config.d_model, eps=self.config.norm_eps)
+
+    def feed_forward(self, init: inits.Initializer) -> Module:
+        """The feed-forward layer of each block."""
+        return SwiGLU(self.config.d_model, self.config.ffn_dim, gate_init=init, down_init=init)
+
+    def embed(self, params: Params, tokens: Tensor, **kwargs: Any) -> Tensor:
+        """The token embeddings `(B, T, d)` the blocks start from."""
+        return self.call("wte", params, tokens, **kwargs)
 
     def head(self) -> Tuple[str, Callable[..., Tensor]]:
         """The output projection as `(name, fn)`: `fn(params[name], h, **kwargs) -> logits`, `(..., d) -> (..., V)`."""

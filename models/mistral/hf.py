@@ -32,8 +32,9 @@ def mistral_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> 
 
 def mistral_config_to_hf(c: MistralConfig) -> Dict[str, Any]:
     """The HF `MistralConfig` dict for `c`."""
-    if c.qkv_bias:
-        raise ValueError("Hugging Face Mistral has no attention biases; set qkv_bias=False or export as qwen2.")
+    if c.qkv_bias or c.qk_norm:
+        raise ValueError("Hugging Face Mistral has no attention biases or q/k norms; set qkv_bias=False and "
+                         "qk_norm=False, or export as qwen2 / qwen3.")
     return {"architectures": ["MistralForCausalLM"], "model_type": "mistral", **llama_fields_to_hf(c),
             "sliding_window": c.sliding_window}
 

@@ -34,10 +34,10 @@ def qwen2_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> Qw
 
 def qwen2_config_to_hf(c: Qwen2Config) -> Dict[str, Any]:
     """The HF `Qwen2Config` dict for `c`."""
-    if not c.qkv_bias or c.sliding_window is not None:
+    if not c.qkv_bias or c.sliding_window is not None or c.qk_norm:
         raise ValueError(
-            "Hugging Face Qwen2 always has q/k/v biases and no sliding window here; set qkv_bias=True "
-            "and sliding_window=None, or export as the llama or mistral family."
+            "Hugging Face Qwen2 always has q/k/v biases, and no sliding window or q/k norms here; set "
+            "qkv_bias=True, sliding_window=None, qk_norm=False, or export as the llama, mistral or qwen3 family."
         )
     return {
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **llama_fields_to_hf(c),

@@ -15,7 +15,8 @@ def test_loss_memory_and_compile_sections_report(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "launch" / "bench_scale.py"), "--loss-memory", "--vocabs", "512",
          "--tokens", "64", "--d-model", "16", "--chunk-size", "16", "--compile-microbatches", "1,2",
-         "--remat-memory", "none,full", "--scan-steady", "none", "--batch", "2", "--seq", "32",
+         "--remat-memory", "none,full", "--scan-steady", "none", "--batch", "2", "--seq", "32", "--generate", "8",
+         "--packed-attention", "64",
          "--config", "llama3_tiny", "--markdown", str(md)],
         capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -24,6 +25,8 @@ def test_loss_memory_and_compile_sections_report(tmp_path):
     assert "| 1 | False |" in text and "| 2 | False |" in text, text
     assert "| none |" in text and "| full |" in text, text
     assert "scan_layers step (ms)" in text and "| True |" in text, text  # same loss unrolled and scanned
+    assert "| packed: segment mask through SDPA |" in text, text
+    assert "| KV cache, compiled decode step |" in text and text.count("| True |") >= 4, text  # same tokens
 
 
 def test_no_section_chosen_is_an_error():

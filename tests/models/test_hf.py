@@ -258,8 +258,10 @@ def _copy(src, dst):
 
 ERROR_CASES = [  # (id, edit(cfg, state) -> (cfg, state), exception, match)
     ("unknown-architecture", lambda c, s: ({**c, "model_type": "madeup", "architectures": ["MadeUpForCausalLM"]}, s),
-     ValueError, r"'madeup' has no native ember family \(gpt2 \(GPT2LMHeadModel\), llama \(LlamaForCausalLM\), "
-                 r"mistral \(MistralForCausalLM\) and qwen2 \(Qwen2ForCausalLM\) do\), and transformers could not load"),
+     ValueError, r"'madeup' has no native ember family \(gemma \(GemmaForCausalLM\), gpt2 \(GPT2LMHeadModel\), "
+                 r"llama \(LlamaForCausalLM\), "
+                 r"mistral \(MistralForCausalLM\), qwen2 \(Qwen2ForCausalLM\) and qwen3 \(Qwen3ForCausalLM\) do\), "
+                 r"and transformers could not load .* model type `madeup`"),
     ("other-head", lambda c, s: ({**c, "architectures": ["GPT2ForSequenceClassification"]}, s),
      ValueError, r"GPT2ForSequenceClassification.*not supported"),
     ("missing", lambda c, s: (c, {k: v for k, v in s.items() if "h.1.mlp" not in k}),
@@ -291,8 +293,7 @@ def test_llama_unsupported_settings():
         config_from_hf({**base, "attention_bias": True})
     with pytest.raises(ValueError, match=r"rope type 'yarn' is not supported.*'default' and 'llama3'"):
         config_from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    with pytest.raises(ValueError, match=r"head_dim=32 differs from hidden_size / num_attention_heads"):
-        config_from_hf({**base, "head_dim": 32})
+    assert config_from_hf({**base, "head_dim": 32}).head_dim == 32  # a head width of its own (Qwen3, Gemma)
     with pytest.raises(ValueError, match=r"no field 'scan_layer'; did you mean 'scan_layers'"):
         config_from_hf(base, scan_layer=True)
 
@@ -303,7 +304,7 @@ def test_missing_files_and_bad_model(tmp_path):
     _rewrite(tmp_path, config=config_to_hf(GPT2Config(n_layers=1, d_model=32, n_heads=4, vocab_size=50)))
     with pytest.raises(ValueError, match=r"no model\.safetensors or model\.safetensors\.index\.json"):
         from_hf(tmp_path)
-    with pytest.raises(TypeError, match=r"to_hf exports ember GPT2, Llama3, Mistral and Qwen2 models"):
+    with pytest.raises(TypeError, match=r"to_hf exports ember Gemma, GPT2, Llama3, Mistral, Qwen2 and Qwen3 models"):
         to_hf(object(), {}, tmp_path)
     model = GPT2(GPT2Config(n_layers=1, d_model=32, n_heads=4, vocab_size=50, max_seq_len=8))
     params = model.init(random.key(0))

@@ -1,4 +1,4 @@
-"""Qwen2 and Mistral folders in and out of ember, and the bridge that takes any other causal LM,
+"""Qwen2, Qwen3, Mistral and Gemma folders in and out of ember, and the bridge that takes any other causal LM,
 with transformers as the oracle (tiny random models saved locally; fp32 logits, max abs diff < 1e-4)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from ember.core import pytree, random
 from ember.core.step_fns import train_step
-from ember.models import Mistral, MistralConfig, Qwen2, Qwen2Config, TorchModel, build_model, lm_loss
+from ember.models import Gemma, Mistral, MistralConfig, Qwen2, Qwen3, TorchModel, build_model, lm_loss
 from ember.models.hf import config_from_hf, from_hf, to_hf
 from ember import optim
 from ember.core import TrainState
@@ -31,6 +31,22 @@ def _hf_model(family: str, heads: int, kv: int, tie: bool, **extra):
                   bos_token_id=0, eos_token_id=0, **extra)
     if family == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
+    if family == "qwen3":  # a head width of its own (24, not 64 / heads), q/k norms that are not ones
+        hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=24)).eval()
+        with torch.no_grad():
+            for layer in hf.model.layers:
+                layer.self_attn.q_norm.weight.normal_(1.0, 0.3)
+                layer.self_attn.k_norm.weight.normal_(1.0, 0.3)
+        return hf
+    if family == "gemma":  # always tied; norm weights (the w of 1 + w) that are not zeros
+        common.pop("tie_word_embeddings")
+        hf = transformers.GemmaForCausalLM(transformers.GemmaConfig(**common, head_dim=24, tie_word_embeddings=True,
+                                                                    hidden_activation="gelu_pytorch_tanh")).eval()
+        with torch.no_grad():
+            for name, p in hf.named_parameters():
+                if "norm" in name:
+                    p.normal_(0.0, 0.3)
+        return hf
     return transformers.MistralForCausalLM(transformers.MistralConfig(**common)).eval()
 
 
@@ -44,7 +60,8 @@ def _qwen2_with_biases(heads: int = 4, kv: int = 2, tie: bool = True):
     return hf
 
 
-CASES = [(f, *shape) for f in ("qwen2", "mistral") for shape in SHAPES]
+CASES = [(f, *shape) for f in ("qwen2", "qwen3", "mistral") for shape in SHAPES]
+CASES += [("gemma", "gqa-tied", 4, 2, True), ("gemma", "mqa-tied", 4, 1, True)]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
@@ -58,7 +75,7 @@ def case(request, tmp_path_factory):
 def test_logits_match_transformers(case):
     family, hf, path = case
     model, params = from_hf(path)
-    assert type(model) is {"qwen2": Qwen2, "mistral": Mistral}[family]
+    assert type(model) is {"qwen2": Qwen2, "qwen3": Qwen3, "mistral": Mistral, "gemma": Gemma}[family]
     assert model.config.tie_embeddings == hf.config.tie_word_embeddings
     assert model.config.n_kv_heads == hf.config.num_key_value_heads
     ids = _ids(48)
@@ -97,7 +114,7 @@ def test_mistral_sliding_window_matches_transformers(tmp_path):
     assert _max_diff(unwindowed[:, :8], got[:, :8]) < 1e-5 and _max_diff(unwindowed, got) > 1e-3
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "gemma"])
 def test_tiny_presets_train_compiled(family):
     model = build_model(family, "tiny")
     params = model.init(random.key(0))
@@ -115,7 +132,7 @@ def test_tiny_presets_train_compiled(family):
 def test_configs_refuse_what_their_hf_models_lack():
     with pytest.raises(ValueError, match=r"use_sliding_window=True.*use_sliding_window=False"):
         config_from_hf({"model_type": "qwen2", "use_sliding_window": True})
-    with pytest.raises(ValueError, match=r"no q/k/v-only biases.*qwen2"):
+    with pytest.raises(ValueError, match=r"Llama has no qkv_bias.*qwen2"):
         to_hf(build_model("llama3", "tiny", qkv_bias=True), {}, "/nonexistent")
     with pytest.raises(ValueError, match=r"no attention biases"):
         to_hf(Mistral(MistralConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=50,
