@@ -138,11 +138,17 @@ def packed_attention(args):
     r = _child(dict(what="packed_attention", seq_len=args.packed_attention))
     rows = ["| attention | fwd + bwd (ms) | vs unmasked |", "|---|---:|---:|"]
     for name, label in (("unmasked", "unmasked (causal)"), ("packed", "packed: segment mask through SDPA"),
+                        ("packed_one_call", "packed, the mask in one SDPA call"),
                         ("dense", "dense fallback: scores, softmax, @ v")):
         rows.append(f"| {label} | {r[name] * 1e3:.1f} | {_ratio(r[name], r['unmasked'])} |")
         print(rows[-1], flush=True)
+    for name, label in (("step_unmasked", "llama3_tiny train step, plain windows"),
+                        ("step_packed", "llama3_tiny train step, packed documents")):
+        rows.append(f"| {label} | {r[name] * 1e3:.1f} | {_ratio(r[name], r['step_unmasked'])} |")
+        print(rows[-1], flush=True)
     return (f"Compiled attention forward + backward at seq {args.packed_attention} (batch 2, 8 heads of 64, "
-            "4 documents a row; Inductor, median of 5):", rows)
+            "4 documents a row; Inductor, median of 5), and the compiled train step at that length (batch 2; "
+            "ratio to the plain step):", rows)
 
 
 def loss_memory(args):

@@ -135,7 +135,8 @@ def generate_child(config: Any, *, new_tokens: int, prompt_len: int = 16) -> Dic
     from ember.core.step_fns import generate
     from ember.models.generation import Decoder
 
-    model = models.build_model(config.family, config.model)
+    longest = max(config.model.max_seq_len, prompt_len + new_tokens)  # room for the whole generation
+    model = models.build_model(config.family, config.model.replace(max_seq_len=longest))
     params = model.init(random.key(0))
     prompt = random.randint(random.key(1), (1, prompt_len), 0, config.model.vocab_size)
     runs = {"uncached": lambda: generate(model.apply, params, prompt, max_new_tokens=new_tokens, temperature=0.0)}
@@ -158,8 +159,9 @@ def generate_child(config: Any, *, new_tokens: int, prompt_len: int = 16) -> Dic
 def packed_attention_child(*, seq_len: int, batch: int = 2, heads: int = 8, head_dim: int = 64, docs: int = 4,
                            rounds: int = 5) -> Dict[str, Any]:
     """Seconds of compiled attention forward + backward (`value_and_grad`, Inductor) at `seq_len`:
-    unmasked causal, packed (`docs` documents a row, a segment mask through SDPA) and the dense
-    fallback (scores, softmax, @ v, as `dot_product_attention` computes under DTensor with a mask)."""
+    unmasked causal, packed (`docs` documents a row: `dot_product_attention` with `segment_ids`, and
+    the same mask in one SDPA call) and the dense fallback (scores, softmax, @ v, as
+    `dot_product_attention` computes under DTensor with a mask)."""
     from ember.models.layers.attention import _explicit_attention, attention_mask, dot_product_attention
 
     k = random.split(random.key(0), 3)
@@ -168,6 +170,8 @@ def packed_attention_child(*, seq_len: int, batch: int = 2, heads: int = 8, head
     variants = {
         "unmasked": lambda q, k, v: dot_product_attention(q, k, v),
         "packed": lambda q, k, v: dot_product_attention(q, k, v, segment_ids=segment_ids),
+        "packed_one_call": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=attention_mask(seq_len, segment_ids=segment_ids)),
         "dense": lambda q, k, v: _explicit_attention(q, k, v, attention_mask(seq_len, segment_ids=segment_ids),
                                                      causal=True, dropout=0.0, key=None),
     }
@@ -180,5 +184,30 @@ def packed_attention_child(*, seq_len: int, batch: int = 2, heads: int = 8, head
         for name, fn in fns.items():
             start = time.perf_counter()
             fn((q, kk, v))
+            times[name].append(time.perf_counter() - start)
+    out = {name: sorted(t)[rounds // 2] for name, t in times.items()}
+    return {**out, **_packed_step_times(seq_len, docs=docs, rounds=rounds)}
+
+
+def _packed_step_times(seq_len: int, *, docs: int, rounds: int) -> Dict[str, float]:
+    """Median seconds of `llama3_tiny`'s compiled train step at `seq_len`, batch 2: plain windows, and
+    the same tokens as `docs` packed documents a row (`segment_ids`, restarting `positions`)."""
+    from ember.launch.run_config import parse_cli
+
+    config = parse_cli("llama3_tiny", [f"--data.seq_len={seq_len}", "--data.batch_size=2",
+                                       f"--model.max_seq_len={seq_len}"])
+    step, state, batch = _step_and_inputs(config, backend="inductor", donate="state")
+    doc = (torch.arange(seq_len) * docs // seq_len)[None].expand(2, seq_len)
+    starts = torch.searchsorted(doc[0].contiguous(), torch.arange(docs))  # each document's first position
+    packed = {**batch, "segment_ids": doc + 1, "positions": torch.arange(seq_len)[None] - starts[doc]}
+    times: Dict[str, list] = {"step_unmasked": [], "step_packed": []}
+    for name, b in (("step_unmasked", batch), ("step_packed", packed)):
+        for _ in range(2):  # compile, warm
+            state, _ = step(state, b)
+    for _ in range(rounds):
+        for name, b in (("step_unmasked", batch), ("step_packed", packed)):
+            start = time.perf_counter()
+            state, metrics = step(state, b)
+            float(metrics["loss"])
             times[name].append(time.perf_counter() - start)
     return {name: sorted(t)[rounds // 2] for name, t in times.items()}

@@ -6,7 +6,9 @@ Each family's attention layer (`ember.models.llama3.Attention`, `ember.models.gp
 projects q, k, v and reshapes them to `(B, H, T, D)`, then calls `dot_product_attention`, which picks
 how to compute `softmax(q k^T / sqrt(D)) v`:
     - `torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient kernels), with
-      `is_causal=True` when no mask is given, else the boolean mask from `attention_mask`;
+      `is_causal=True` when no mask is given, else the boolean mask from `attention_mask`: causal and
+      masked (packed documents, a sliding window), in chunks of queries that each read the keys up
+      to their last query only, so the masked kernel skips the upper triangle as `is_causal` does;
     - explicitly (scores, softmax in float32, keyed dropout, @ v) when attention-probability dropout
       is on: the fused kernel's dropout draws from the global RNG, which ember never uses;
     - explicitly too when the active sharding needs it (`explicit_attention_required`: DTensor with
@@ -126,7 +128,28 @@ def dot_product_attention(
         explicit = True
     if explicit:
         return _explicit_attention(q, k, v, mask, causal=causal, dropout=dropout, key=key if dropout > 0.0 else None)
+    if mask is not None and causal and T >= 2 * QUERY_CHUNK:
+        return _causal_query_chunks(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)  # (B, H, T, D)
+
+
+QUERY_CHUNK = 256
+"""Queries per kernel call when a mask meets causal attention (`_causal_query_chunks`)."""
+
+
+def _causal_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Masked causal SDPA, `QUERY_CHUNK` queries at a time against the keys up to the chunk's last query.
+
+    One masked call computes every (query, key) pair, later keys included, where `is_causal` skips
+    them; the chunks skip most of them (the same result: those keys are masked).
+    """
+    t = q.shape[2]
+    out = []
+    for start in range(0, t, QUERY_CHUNK):
+        end = min(start + QUERY_CHUNK, t)
+        out.append(F.scaled_dot_product_attention(q[:, :, start:end], k[:, :, :end], v[:, :, :end],
+                                                  attn_mask=mask[..., start:end, :end]))  # (B, H, chunk, D)
+    return torch.cat(out, dim=2)  # (B, H, T, D)
 
 
 def _explicit_attention(
