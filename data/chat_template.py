@@ -81,9 +81,13 @@ class ChatTemplate:
             raise ValueError(f"{name} is not valid Jinja (line {err.lineno}: {err.message}).") from err
         self.variables: Dict[str, Any] = {**(special_tokens or {}), **(extra or {})}
         known = set(_RENDER_VARIABLES) | set(self.variables) | set(env.globals)
-        # A name set in one branch only counts as undeclared for jinja2.meta: a name set anywhere is the template's own.
+        # A name set in one branch only counts as undeclared for jinja2.meta: a name set anywhere is the
+        # template's own. A name the template tests with `is defined` is optional (Qwen3's enable_thinking,
+        # Llama 3.1's builtin_tools): transformers leaves it undefined, and so does this.
         own = {n.name for n in ast.find_all(jinja2.nodes.Name) if n.ctx in ("store", "param")}
-        unknown = sorted(jinja2.meta.find_undeclared_variables(ast) - known - own)
+        optional = {t.node.name for t in ast.find_all(jinja2.nodes.Test)
+                    if t.name in ("defined", "undefined") and isinstance(t.node, jinja2.nodes.Name)}
+        unknown = sorted(jinja2.meta.find_undeclared_variables(ast) - known - own - optional)
         if unknown:
             raise ValueError(
                 f"{name} reads variable(s) {unknown} that no render provides (known: "
@@ -111,24 +115,38 @@ class ChatTemplate:
 
         A turn's span runs from where the conversation before it, rendered with the generation cue,
         ends, to where the conversation up to it ends: the reply and the tokens that close it
-        (`<|im_end|>`, `</s>`), which the model must learn to emit.
+        (`<|im_end|>`, `</s>`), which the model must learn to emit. A template whose render of a prefix
+        of the conversation is not a prefix of the whole (Qwen3 drops earlier turns' reasoning) has each
+        reply found in the text in order instead, with the end-of-text token after it.
 
         Raises:
-            ValueError: rendering a prefix of the conversation does not give a prefix of the whole
-                (a template that rewrites earlier turns; the turn is named).
+            ValueError: a reply is not in the rendered text (the turn is named).
         """
         text = self.render(messages, **variables)
-        spans = []
+        spans: List[Tuple[int, int]] = []
         for i, message in enumerate(messages):
             if message.get("role") != "assistant":
                 continue
             start = len(self.render(messages[:i], add_generation_prompt=True, **variables)) if i else 0
             upto = self.render(messages[:i + 1], **variables)
             if not text.startswith(upto) or start > len(upto):
-                raise ValueError(
-                    f"{self.name} renders the conversation up to turn {i} (assistant) differently from the "
-                    f"start of the whole conversation, so the assistant tokens cannot be located; use a template "
-                    f"whose output for a prefix of the messages is a prefix of the output."
-                )
+                return text, self._spans_in_order(text, messages)
             spans.append((start, len(upto)))
         return text, spans
+
+    def _spans_in_order(self, text: str, messages: Sequence[Message]) -> List[Tuple[int, int]]:
+        spans, cursor, eos = [], 0, self.variables.get("eos_token") or ""
+        for i, message in enumerate(messages):
+            content = str(message.get("content", ""))
+            at = text.find(content, cursor) if message.get("role") == "assistant" else -1
+            if message.get("role") != "assistant":
+                cursor = max(cursor, text.find(content, cursor) + len(content)) if content in text[cursor:] else cursor
+                continue
+            if at < 0:
+                raise ValueError(f"{self.name}: the reply of turn {i} (assistant) is not in the rendered conversation, "
+                                 f"so its tokens cannot be masked; check the template's handling of assistant turns.")
+            end = at + len(content)
+            end += len(eos) if eos and text.startswith(eos, end) else 0
+            spans.append((at, end))
+            cursor = end
+        return spans

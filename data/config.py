@@ -144,12 +144,12 @@ def build_batches(
             f"data.batch_size={cfg.batch_size} is global and must divide evenly over {shard_count} "
             f"data-parallel ranks; use a multiple of {shard_count}."
         )
-    if cfg.source == "sft":  # the eval split reads the same examples, in order
+    if cfg.source == "sft":  # every 20th example is the eval split (ember.data.sft.EVAL_EVERY)
         if cfg.path is None:
             raise ValueError("data.source=sft needs data.path (a JSONL file); pass --data.path FILE.jsonl.")
         it = make_sft_pipeline(cfg.path, tokenizer=tokenizer, seq_len=cfg.seq_len,
                                batch_size=cfg.batch_size // shard_count, seed=cfg.seed, shuffle=split == "train",
-                               shard_index=shard_index, shard_count=shard_count, overflow=cfg.overflow)
+                               shard_index=shard_index, shard_count=shard_count, overflow=cfg.overflow, split=split)
         return TorchBatches(it, collate=collate, device=device)
     it = make_pipeline(
         _source(cfg, split),

@@ -52,6 +52,8 @@ class ModelTokenizer(BPETokenizer):
                  chat_template: Optional[ChatTemplate] = None) -> None:
         super().__init__(tokenizer, eos_token=special_tokens.get("eos_token", EOS_TOKEN))
         self.special_tokens = dict(special_tokens)
+        bos = special_tokens.get("bos_token")
+        self.bos_id: Optional[int] = None if bos is None else tokenizer.token_to_id(bos)
         self.chat_template = chat_template
 
     def __repr__(self) -> str:

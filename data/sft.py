@@ -3,7 +3,8 @@
 Public names: `read_sft_jsonl`, `tokenize_sft_example`, `PackedWindows`, `pack_sft`, `make_sft_pipeline`.
 
 Each JSONL line is `{"messages": [{"role": ..., "content": ...}, ...]}` (rendered with the model's
-chat template) or `{"prompt": ..., "completion": ...}` (the completion and an EOS are trained on).
+chat template) or `{"prompt": ..., "completion": ...}` (BOS if the tokenizer has one, the prompt, then
+the completion and an EOS, which are trained on). Every 20th example is held out as the eval split.
 Examples are packed in order into windows of `seq_len` tokens; each window carries
 
     inputs, targets   (T,) int64   targets are -100 where nothing is learnt (prompts, padding)
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Dict, Iterator, List, Literal, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -44,6 +45,9 @@ def read_sft_jsonl(path: str) -> Iterator[Dict[str, Any]]:
         ValueError: a line that is not JSON, or holds neither a `messages` list nor `prompt` and
             `completion` strings (the file and line number are named).
     """
+    if not os.path.isfile(path):
+        raise ValueError(f"SFT data {os.fspath(path)!r} is not a file; data.source=sft reads one JSONL file "
+                         f"(--data.path FILE.jsonl).")
     with open(os.fspath(path), encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():
@@ -80,9 +84,11 @@ def tokenize_sft_example(example: Mapping[str, Any], tokenizer: Tokenizer) -> Tu
                              f"{tokenizer!r} has none; use data.tokenizer=model with data.tokenizer_path set to the "
                              f"model folder, or prompt/completion lines.")
         return tokenizer.encode_chat(example["messages"])
-    prompt, completion = tokenizer.encode(example["prompt"]), tokenizer.encode(example["completion"])
+    bos = getattr(tokenizer, "bos_id", None)
+    prompt = np.concatenate([np.asarray([] if bos is None else [bos], dtype=np.int32), tokenizer.encode(example["prompt"])])
+    completion = tokenizer.encode(example["completion"])
     eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
-    ids = np.concatenate([prompt, completion, np.asarray(eos, dtype=prompt.dtype)]).astype(np.int32)
+    ids = np.concatenate([prompt, completion, np.asarray(eos, dtype=np.int32)]).astype(np.int32)
     learnt = np.zeros(len(ids), dtype=bool)
     learnt[len(prompt):] = True
     return ids, learnt
@@ -149,15 +155,30 @@ class PackedWindows:
         return f"PackedWindows({len(self)} windows of {self.seq_len} tokens, {self.num_tokens} real)"
 
 
+EVAL_EVERY = 20
+"""Example `i` is in the eval split when `i % EVAL_EVERY == EVAL_EVERY - 1` (a file of fewer examples
+gives both splits all of them)."""
+
+
+def _split(examples: List[Any], split: Optional[str]) -> List[Any]:
+    if split is None or len(examples) < EVAL_EVERY:
+        return examples
+    return [e for i, e in enumerate(examples) if (i % EVAL_EVERY == EVAL_EVERY - 1) == (split == "eval")]
+
+
 def make_sft_pipeline(path: str, *, tokenizer: Tokenizer, seq_len: int, batch_size: int, seed: int = 0,
                       shuffle: bool = True, shard_index: int = 0, shard_count: int = 1,
-                      overflow: Overflow = "truncate", repeat: bool = True) -> PipelineIterator:
-    """A resumable iterator of packed SFT batches (`(B, T)` numpy dicts, keys as in the module docstring)."""
-    examples = [tokenize_sft_example(e, tokenizer) for e in read_sft_jsonl(path)]
+                      overflow: Overflow = "truncate", repeat: bool = True,
+                      split: Optional[str] = None) -> PipelineIterator:
+    """A resumable iterator of packed SFT batches (`(B, T)` numpy dicts, keys as in the module docstring).
+
+    `split` ("train" or "eval") keeps that split's examples (see `EVAL_EVERY`); None keeps them all.
+    """
+    examples = [tokenize_sft_example(e, tokenizer) for e in _split(list(read_sft_jsonl(path)), split)]
     windows = PackedWindows(pack_sft(examples, seq_len, overflow=overflow))
     dataset = window_batches(windows, batch_size=batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
                              shard_count=shard_count, repeat=repeat)
-    config = {"sft": os.path.abspath(path), "windows": len(windows), "num_tokens": windows.num_tokens,
+    config = {"sft": os.path.abspath(path), "split": split, "windows": len(windows), "num_tokens": windows.num_tokens,
               "seq_len": seq_len, "batch_size": batch_size, "seed": int(seed), "shuffle": bool(shuffle),
               "shard_index": shard_index, "shard_count": shard_count, "repeat": bool(repeat)}
     return PipelineIterator(dataset, config=config, batches_per_epoch=len(windows) // shard_count / batch_size)

@@ -3,9 +3,12 @@
 Public names: `load_initial_params`.
 
 A Hugging Face folder (`config.json` with a `model_type`, safetensors weights) of a native family is
-read with `ember.models.from_hf`'s mapping; an ember run directory or checkpoint directory gives the
-params of its latest step (no optimizer state, no step count: the run starts at step 0). Either way
-the saved architecture is checked against the configured one first, and every difference is named.
+read with `ember.models.from_hf`'s mapping, into the configured layer layout (`scan_layers` either
+way) and the configured parameter dtype (a bf16 folder still trains float32 master weights). An ember
+run directory or checkpoint directory gives the params of its latest step (no optimizer state, no
+step count: the run starts at step 0), restored into the configured model, so its `scan_layers` must
+be the checkpoint's. Either way the saved architecture is checked against the configured one first,
+and every difference is named.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def load_initial_params(path: str, model: Any, *, model_info: Mapping[str, Any],
 
     Args:
         path: a Hugging Face model folder, an ember run directory (`--out`) or its `checkpoints/`.
-        model: the configured ember model; the params come back in its layout (`scan_layers` too).
+        model: the configured ember model; the params come back in its layout and dtypes.
         model_info: the configured model's description (`ember.core.checkpoint.model_info`), checked
             against the checkpoint's.
         device: where the tensors go.
@@ -81,9 +84,12 @@ def load_initial_params(path: str, model: Any, *, model_info: Mapping[str, Any],
                 f"--init_from {path} holds another architecture than the run config: {'; '.join(diffs)}. "
                 f"Pick the family's run config with --config and set the differing fields with --model.NAME."
             )
+        from ember.core import pytree
         from ember.core.device import to_device
 
-        return to_device(params_from_hf(read_safetensors_folder(path, device="cpu"), model.config), device)
+        params = params_from_hf(read_safetensors_folder(path, device="cpu"), model.config)
+        params = pytree.tree_map(lambda t, like: t.to(like.dtype), params, model.param_shapes())
+        return to_device(params, device)
     from ember.core.checkpoint import CheckpointManager
     from ember.launch.ckpt_tools import checkpoint_root
 

@@ -1,4 +1,4 @@
-"""Generation with a KV cache for the Llama-layout families (Llama 3, Qwen2, Mistral).
+"""Generation with a KV cache for the Llama-layout families (Llama 3, Qwen2, Qwen3, Mistral, Gemma).
 
 Public names: `Decoder`, `init_cache`, `prefill`, `decode_step`.
 
@@ -43,7 +43,8 @@ Cache = Dict[str, Tensor]
 
 def _check_family(model: Any) -> None:
     if not isinstance(getattr(model, "config", None), Llama3Config):
-        raise TypeError(f"KV-cache generation supports the Llama-layout families (llama3, qwen2, mistral), got "
+        raise TypeError(f"KV-cache generation supports the Llama-layout families (llama3, qwen2, qwen3, mistral, "
+                        f"gemma), got "
                         f"{type(model).__name__}; ember.core.step_fns.generate samples any model without a cache.")
 
 
@@ -67,15 +68,23 @@ def _forward(model: Any, cache: Cache, params: Params, tokens: Tensor, position:
     return call.cache(), head(params[name], h[:, -1]).float()  # (B, V): the next token's logits
 
 
+def _check_unstacked(model: Any) -> None:
+    if model.config.scan_layers:
+        raise ValueError("prefill / decode_step run the layers one by one: build the model with scan_layers=False "
+                         "(params: unstack_trees(params['blocks'])), or use Decoder, which does both.")
+
+
 def prefill(model: Any, cache: Cache, params: Params, prompt: Tensor,
             position: Optional[Tensor] = None) -> Tuple[Cache, Tensor]:
     """Run `prompt` (B, T) from slot `position` (default 0): the filled cache and the next token's logits (B, V)."""
+    _check_unstacked(model)
     position = torch.zeros((), dtype=torch.long, device=prompt.device) if position is None else position
     return _forward(model, cache, params, prompt, position)
 
 
 def decode_step(model: Any, cache: Cache, params: Params, token: Tensor, position: Tensor) -> Tuple[Cache, Tensor]:
     """Run one token per row, `token` (B,), at slot `position` (0-d): the cache and the next logits (B, V)."""
+    _check_unstacked(model)
     return _forward(model, cache, params, token[:, None], position)
 
 
@@ -118,16 +127,15 @@ class Decoder:
         cache, logits = self.prefill(cache, params, prompt, zero)
         stops = torch.tensor(list(stop_tokens), dtype=prompt.dtype, device=prompt.device)
         done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
-        pad = stops[:1].expand(b) if len(stops) else None
         out = [prompt]
         for i in range(max_new_tokens):
             step_key = None if key is None else random.fold_in(key, i)
             token = sample_token(logits, key=step_key, temperature=temperature, top_k=top_k, top_p=top_p).to(prompt.dtype)
-            if pad is not None:
-                token = torch.where(done, pad, token)
+            if len(stops):
+                token = torch.where(done, out[-1][:, -1], token)  # a stopped row repeats its stop token
                 done = done | torch.isin(token, stops)
             out.append(token[:, None])
-            if i + 1 == max_new_tokens or (pad is not None and i % 8 == 7 and bool(done.all())):
+            if i + 1 == max_new_tokens or (len(stops) and i % 8 == 7 and bool(done.all())):
                 break
             cache, logits = self.decode(cache, params, token, zero + (t0 + i))
         return torch.cat(out, dim=1)

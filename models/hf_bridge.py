@@ -60,9 +60,11 @@ def bridge_from_hf(path: str, hf_config: Mapping[str, Any], *, supported: str, o
             f"model_type {model_type!r} has no native ember family ({supported} do), and the fallback "
             f"through the from_torch bridge needs transformers: pip install transformers."
         ) from err
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    dtype_arg = {} if dtype is None else {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
     try:
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=dtype, attn_implementation="sdpa")
+            path, local_files_only=True, attn_implementation="sdpa", **dtype_arg)
     except (ValueError, KeyError, OSError) as err:
         raise ValueError(
             f"model_type {model_type!r} has no native ember family ({supported} do), and transformers "

@@ -64,9 +64,9 @@ def sample_token(
             raise ValueError(f"top_k must be >= 1, got {top_k}.")
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]  # (B, 1)
         logits = torch.where(logits < kth, torch.full_like(logits, float("-inf")), logits)
-    if top_p is not None:
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+    if top_p is not None and top_p < 1.0:  # 1.0 keeps every token (no rounding in the cumulative sum)
         ranked, order = logits.sort(dim=-1, descending=True)  # (B, V)
         probs = ranked.softmax(dim=-1)
         beyond = probs.cumsum(dim=-1) - probs >= top_p  # the mass before this token already reaches top_p

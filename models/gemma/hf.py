@@ -24,7 +24,7 @@ from .model import Gemma
 
 __all__ = ["gemma_config_from_hf", "gemma_config_to_hf"]
 
-_GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+_GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu")  # transformers runs Gemma's legacy "gelu" as the tanh form
 
 
 def gemma_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> GemmaConfig:

@@ -147,7 +147,7 @@ def _names(c: Llama3Config) -> List[Tuple[str, str]]:
 
 
 def llama3_params_from_hf(state: Mapping[str, Tensor], c: Llama3Config) -> Params:
-    """ember params (blocks as a list) from an HF Llama-layout state dict (Llama, Qwen2, Mistral); shapes checked against `c`."""
+    """ember params (blocks as a list) from an HF Llama-layout state dict (Llama, Qwen2/3, Mistral, Gemma); shapes checked."""
     unstacked = Llama3(c.replace(scan_layers=False)).param_shapes()
     shapes = {p: tuple(t.shape) for p, t in pytree.tree_leaves_with_path(unstacked)}
     get = StateReader(state)

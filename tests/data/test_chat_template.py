@@ -26,6 +26,14 @@ TEMPLATES = {  # written for these tests in the style of each family's template
         "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
         "{{ m.content | trim }}<|eot_id|>{% endfor %}"
         "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),
+    "thinking": (  # earlier replies lose their reasoning, the last one keeps an empty block: prefixes differ
+        "{%- for m in messages %}{%- if m.role == 'assistant' %}"
+        "{%- set content = m.content.split('</think>')[-1].lstrip('\n') %}"
+        "{%- if loop.last %}<|im_start|>assistant\n<think>\n\n</think>\n\n{{ content }}<|im_end|>\n"
+        "{%- else %}<|im_start|>assistant\n{{ content }}<|im_end|>\n{% endif %}"
+        "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+        "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"),
     "inst": (
         "{%- if messages[0].role == 'system' %}{% set system = messages[0].content + '\n\n' %}"
         "{% set turns = messages[1:] %}{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}"
@@ -51,7 +59,7 @@ def folder(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     text = [m["content"] for conv in CONVERSATIONS for m in conv] * 20
     train_bpe(text, vocab_size=400, special_tokens=SPECIAL).save(path / "tokenizer.json")
-    eos = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "inst": "</s>"}[request.param]
+    eos = {"chatml": "<|im_end|>", "thinking": "<|im_end|>", "llama3": "<|eot_id|>", "inst": "</s>"}[request.param]
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>" if request.param ==
               "llama3" else "<s>", "eos_token": eos, "chat_template": TEMPLATES[request.param]}
     (path / "tokenizer_config.json").write_text(json.dumps(config))
@@ -95,6 +103,13 @@ def test_the_mask_covers_exactly_the_assistant_turns(folder, conversation):
         assert reply in text[a:b] and tok.eos_token in text[a:b]  # the reply and what closes it
     assert not any(m["content"] in tok.decode(ids[~mask]) for m in messages if m["role"] == "assistant"
                    and all(m["content"] not in o["content"] for o in messages if o["role"] != "assistant"))
+
+
+def test_optional_variables_are_left_undefined():
+    t = ChatTemplate(TEMPLATES["thinking"], special_tokens={"eos_token": "<|im_end|>"})
+    prompt = [{"role": "user", "content": "hi"}]
+    assert t.render(prompt, add_generation_prompt=True).endswith("<|im_start|>assistant")
+    assert t.render(prompt, add_generation_prompt=True, enable_thinking=False).endswith("</think>\n\n")
 
 
 def test_bad_templates_name_the_fix(tmp_path):

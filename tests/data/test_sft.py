@@ -111,3 +111,16 @@ def test_the_pipeline_resumes_where_it_stopped(tmp_path):
     for want, got in zip(expected, [next(again) for _ in range(4)]):
         for k in want:
             np.testing.assert_array_equal(want[k], got[k])
+
+
+def test_every_20th_example_is_the_eval_split_and_the_path_is_checked(tmp_path):
+    path = _write(tmp_path / "sft.jsonl", [{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(40)])
+    tok = ByteTokenizer(eos=True)
+
+    def segments(split):
+        it = make_sft_pipeline(path, tokenizer=tok, seq_len=64, batch_size=1, shuffle=False, repeat=False, split=split)
+        return sum(int(b["segment_ids"].max()) for b in it)
+
+    assert (segments("train"), segments("eval"), segments(None)) == (38, 2, 40)
+    with pytest.raises(ValueError, match=r"is not a file; data\.source=sft reads one JSONL file"):
+        make_sft_pipeline(str(tmp_path), tokenizer=tok, seq_len=64, batch_size=1)

@@ -41,6 +41,16 @@ def test_a_run_starts_from_a_hugging_face_folder(qwen2_folder):
     _assert_same(state.params["wte"], saved["wte"])
 
 
+def test_a_bfloat16_folder_still_trains_float32_master_weights(qwen2_folder, tmp_path):
+    _, saved = qwen2_folder
+    cfg = parse_cli("qwen2_tiny", ["--init_from", str(tmp_path)])
+    model = build_model(cfg.family, cfg.model)
+    to_hf(model, saved, tmp_path, dtype=torch.bfloat16)
+    params = build.initial_state(cfg, model).params
+    assert {t.dtype for t in pytree.tree_leaves(params)} == {torch.float32}
+    torch.testing.assert_close(params["wte"]["weight"], saved["wte"]["weight"].bfloat16().float(), rtol=0, atol=0)
+
+
 def test_another_architecture_is_refused_with_each_difference(qwen2_folder):
     path, _ = qwen2_folder
     cfg = parse_cli("qwen2_tiny", ["--init_from", path, "--model.d_model", "96", "--model.n_layers", "2"])
