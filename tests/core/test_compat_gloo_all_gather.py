@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -25,10 +26,12 @@ def _torchrun(*args, disable_patch=False, timeout=600):
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if disable_patch:
         env["EMBER_DISABLE_PATCHES"] = "gloo_all_gather_out"
+    env["EMBER_GLOO_TEST_RUN"] = token = uuid.uuid4().hex
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",  # a free port
            str(WORKER), *map(str, args)]
-    # Its own session, so that a timeout kills the workers too: a hung worker left behind would spin
-    # on a core for the rest of the test run.
+    # Its own session, so that a timeout kills the agent, and afterwards every process of the run by its
+    # token: torchrun starts each worker in a session of its own, and a worker spinning in a corrupted
+    # gloo loop after its peer aborted outlived torchrun and held a core for the rest of a CI run.
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
                           start_new_session=True) as proc:
         try:
@@ -37,7 +40,20 @@ def _torchrun(*args, disable_patch=False, timeout=600):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise
+        finally:
+            _kill_processes_with(token)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _kill_processes_with(token):
+    """SIGKILL every process whose environment carries `EMBER_GLOO_TEST_RUN=token`."""
+    needle = f"EMBER_GLOO_TEST_RUN={token}".encode()
+    for entry in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone already, or not ours to read
+            continue
 
 
 def _tail(proc):
