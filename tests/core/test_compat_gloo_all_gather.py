@@ -29,15 +29,17 @@ def _torchrun(*args, disable_patch=False, timeout=600):
     env["EMBER_GLOO_TEST_RUN"] = token = uuid.uuid4().hex
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",  # a free port
            str(WORKER), *map(str, args)]
-    # Its own session, so that a timeout kills the agent, and afterwards every process of the run by its
-    # token: torchrun starts each worker in a session of its own, and a worker spinning in a corrupted
-    # gloo loop after its peer aborted outlived torchrun and held a core for the rest of a CI run.
+    # Its own session, so that a timeout kills the agent, and every process of the run by its token:
+    # torchrun starts each worker in a session of its own. A worker spinning in a corrupted gloo loop
+    # after its peer aborted outlived torchrun, held the output pipes open (so the test waited 34
+    # minutes of a CI run for them) and a core.
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
                           start_new_session=True) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # a leftover worker holds the pipes open: kill it before reading them
             os.killpg(proc.pid, signal.SIGKILL)
+            _kill_processes_with(token)
             proc.communicate()
             raise
         finally:
