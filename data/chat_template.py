@@ -138,9 +138,9 @@ class ChatTemplate:
         spans, cursor, eos = [], 0, self.variables.get("eos_token") or ""
         for i, message in enumerate(messages):
             content = str(message.get("content", ""))
-            at = text.find(content, cursor) if message.get("role") == "assistant" else -1
+            at = text.find(content, cursor)
             if message.get("role") != "assistant":
-                cursor = max(cursor, text.find(content, cursor) + len(content)) if content in text[cursor:] else cursor
+                cursor = at + len(content) if at >= 0 else cursor  # a turn the template left out moves nothing
                 continue
             if at < 0:
                 raise ValueError(f"{self.name}: the reply of turn {i} (assistant) is not in the rendered conversation, "

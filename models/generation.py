@@ -104,9 +104,9 @@ class Decoder:
         self.stacked = model.config.scan_layers
         self.model = type(model)(model.config.replace(scan_layers=False)) if self.stacked else model
         m = self.model
-        self.prefill = jit(lambda cache, params, prompt, position: _forward(m, cache, params, prompt, position),
+        self.prefill = jit(lambda cache, params, prompt, position: prefill(m, cache, params, prompt, position),
                            backend=backend)
-        self.decode = jit(lambda cache, params, token, position: _forward(m, cache, params, token[:, None], position),
+        self.decode = jit(lambda cache, params, token, position: decode_step(m, cache, params, token, position),
                           backend=backend, donate="state")
 
     def generate(self, params: Params, prompt: Tensor, *, max_new_tokens: int, key: Optional[Key] = None,
