@@ -7,7 +7,9 @@
 
 `list` reads every array and checks its CRC-32 (about the checkpoints' size in reads), marks a step
 that fails (or whose files cannot be read) `DAMAGED: <why>`, names the newest intact step to resume
-from and exits 1; `--no-verify` reads the metadata only. `export` reads only the parameters (no
+from and exits 1; `--no-verify` reads the metadata only. A save a killed process never committed
+(`N.orbax-checkpoint-tmp-*/`) is listed `UNFINISHED`, left in place (the next training run on the
+directory removes it and says so). `export` reads only the parameters (no
 optimizer state), on the CPU, and writes files with the mode your umask gives. `--hf` writes
 `config.json` + `model.safetensors` loadable by `transformers.AutoModelForCausalLM.from_pretrained`
 (GPT-2 and Llama-3).
@@ -18,7 +20,7 @@ import json
 import sys
 
 from ember.launch.cli import run_main
-from ember.launch.ckpt_tools import HEADER, checkpoint_root, model_config_from_dict, recovery_hint, step_row
+from ember.launch.ckpt_tools import HEADER, checkpoint_root, listing_rows, missing_step_message, model_config_from_dict
 
 
 def list_checkpoints(directory, *, verify=True, out=None):
@@ -34,23 +36,22 @@ def list_checkpoints(directory, *, verify=True, out=None):
         checked = "every array checked against its CRC-32" if verify else "metadata only, arrays not read"
         print(f"{len(steps)} checkpoints in {ckpt.directory} ({checked})", file=out)
         print(HEADER, file=out)
-        problems = {}
-        for step in steps:
-            row, problems[step] = step_row(ckpt, step, verify=verify)
-            print(row, file=out)
-    hint = recovery_hint(root, problems)
-    if hint:
-        print(hint, file=out)
+        rows, problems = listing_rows(ckpt, root, verify=verify)
+    print("\n".join(rows), file=out)
     return problems
 
 
 def export(directory, *, step=None, out, hf=False):
     import torch
     from ember.core import random
-    from ember.core.checkpoint import CheckpointManager
+    from ember.core.checkpoint import CheckpointError, CheckpointManager
     from ember.models.hf import save_safetensors
 
-    with CheckpointManager(checkpoint_root(directory), read_only=True) as ckpt:
+    root = checkpoint_root(directory)
+    with CheckpointManager(root, read_only=True) as ckpt:
+        steps = ckpt.all_steps()
+        if step is not None and steps and step not in steps:
+            raise CheckpointError(missing_step_message(str(ckpt.directory), step, steps))
         meta = ckpt.read_meta(step)
         if not hf:
             params = ckpt.restore_params(meta.step)

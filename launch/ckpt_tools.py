@@ -3,6 +3,7 @@
     root = checkpoint_root("runs/default")            # runs/default/checkpoints
     row, problems = step_row(ckpt, 200, verify=True)  # problems: empty when the step is intact
     hint = recovery_hint(root, {100: [], 200: problems})
+    unfinished_saves(root)                            # [(300, "300.orbax-checkpoint-tmp-1712345678")]
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ember.core.checkpoint import CheckpointError
 from ember.launch.checkpointing import CHECKPOINTS_DIR
 
-__all__ = ["HEADER", "checkpoint_root", "model_config_from_dict", "recovery_hint", "step_row"]
+__all__ = ["HEADER", "checkpoint_root", "listing_rows", "missing_step_message", "model_config_from_dict",
+           "recovery_hint", "step_row", "unfinished_hint", "unfinished_row", "unfinished_saves"]
 
 HEADER = f"{'step':>8}  {'saved (UTC)':<25} {'model':<22} {'params':>10} {'size MB':>9}  metrics"
+TMP_MARKER = ".orbax-checkpoint-tmp"  # orbax writes step N into N.orbax-checkpoint-tmp-<time>, then renames it
 
 
 def _holds_steps(path: pathlib.Path) -> bool:
@@ -76,6 +79,58 @@ def step_row(ckpt: Any, step: int, *, verify: bool) -> Tuple[str, List[str]]:
     metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(meta.metrics.items()))
     damaged = f"  DAMAGED: {'; '.join(problems)}" if problems else ""
     return f"{step:>8}  {meta.saved_at:<25} {name:<22} {n_params:>10,} {size:>9.1f}  {metrics}{damaged}", problems
+
+
+def unfinished_saves(root: str) -> List[Tuple[int, str]]:
+    """`(step, folder name)` of each save a process never committed (killed mid-save), by step."""
+    path = pathlib.Path(root).expanduser()
+    found = []
+    for p in path.iterdir() if path.is_dir() else ():
+        head, marker, _ = p.name.partition(TMP_MARKER)
+        if marker and head.isdigit() and p.is_dir():
+            found.append((int(head), p.name))
+    return sorted(found)
+
+
+def unfinished_row(root: str, step: int, name: str) -> str:
+    """The listing's line for an unfinished save (no metadata to read: only its size)."""
+    size = sum(f.stat().st_size for f in (pathlib.Path(root) / name).rglob("*") if f.is_file()) / 2**20
+    return (f"{step:>8}  {'-':<25} {'-':<22} {'-':>10} {size:>9.1f}  UNFINISHED: {name}/ never committed "
+            f"(the process stopped mid-save)")
+
+
+def unfinished_hint(unfinished: List[Tuple[int, str]]) -> Optional[str]:
+    """One line after a listing with unfinished saves: they are no checkpoint, and what to do (None: none)."""
+    if not unfinished:
+        return None
+    names = ", ".join(f"{name}/" for _, name in unfinished)
+    which, it = (f"{len(unfinished)} unfinished saves ({names})", "them") if len(unfinished) > 1 else \
+        (f"1 unfinished save ({names})", "it")
+    return (f"{which}: not a checkpoint. `--resume` skips {it} (the run removes {it}, logged) and restores the "
+            f"latest committed step; deleting {it} by hand is safe.")
+
+
+def missing_step_message(root: str, step: int, steps: List[int]) -> str:
+    """Why `--step N` names no checkpoint: the steps that exist, an unfinished save of N, and the fix."""
+    unfinished = [name for s, name in unfinished_saves(root) if s == step]
+    why = (f"step {step} was never committed ({unfinished[0]}/: the process stopped mid-save)" if unfinished
+           else f"no checkpoint for step {step}")
+    return (f"{why} in {root}; saved steps: {', '.join(map(str, steps))}. Pass --step with one of those, "
+            f"or leave --step out for the latest ({steps[-1]}).")
+
+
+def listing_rows(ckpt: Any, root: str, *, verify: bool) -> Tuple[List[str], Dict[int, List[str]]]:
+    """The listing's lines under its header (steps and unfinished saves by step, then hints), and
+    `{step: problems}` of the committed steps (empty: intact)."""
+    problems: Dict[int, List[str]] = {}
+    rows = []
+    for step in ckpt.all_steps():
+        row, problems[step] = step_row(ckpt, step, verify=verify)
+        rows.append((step, row))
+    unfinished = unfinished_saves(root)
+    rows += [(step, unfinished_row(root, step, name)) for step, name in unfinished]
+    hints = [h for h in (recovery_hint(root, problems), unfinished_hint(unfinished)) if h]
+    return [row for _, row in sorted(rows, key=lambda r: r[0])] + hints, problems
 
 
 def recovery_hint(root: str, problems: Mapping[int, List[str]]) -> Optional[str]:

@@ -13,9 +13,9 @@ One step of a checkpoint is an orbax step folder `DIR/<step>` holding these item
 Tensors go to orbax as numpy views of their memory (bf16 / float8 through `ml_dtypes`) and come
 back with `torch.from_numpy` on the requested device, with the exact dtype. orbax commits a step
 atomically (it writes `DIR/<step>.orbax-checkpoint-tmp` and renames it when complete), so a
-process killed mid-save leaves the previous steps intact; the next manager removes the unfinished
-folder (orbax's own `cleanup_tmp_directories`) and never touches a committed step except to prune
-by `max_to_keep` / `keep_best`.
+process killed mid-save leaves the previous steps intact; the next writing manager removes the
+unfinished folder (orbax's own `cleanup_tmp_directories`, logged as a warning naming it; a read-only
+manager leaves it) and never touches a committed step except to prune by `max_to_keep` / `keep_best`.
 
 Meshes. In one process, `sharding=` gathers sharded leaves on save (`Lowering.gather`) and places
 restored ones with `ember.core.partition_specs.shard` (full arrays are read, then placed: the XLA
@@ -62,6 +62,7 @@ from ._tree import PARAMS_ITEM, STATE_ITEM, LeafSpec, flatten_state, nest
 
 __all__ = ["CheckpointManager"]
 
+_log = logging.getLogger(__name__)
 Mode = Literal["min", "max"]
 _MODES = ("min", "max")
 
@@ -168,6 +169,10 @@ class CheckpointManager(CheckpointReader):
             create=not read_only,
         )
         self._ocp = ocp
+        unfinished = [] if read_only else temporary_dirs(self.directory)
+        if unfinished:
+            _log.warning("%s: removing %d unfinished save(s) (%s): a process stopped mid-save; the committed steps "
+                         "are untouched.", self.directory, len(unfinished), ", ".join(unfinished))
         self._dist = Distributed() if multiprocess_world() else None  # joins jax.distributed: before orbax starts
         # One handler per item serves both its save and restore args. Every item is registered up
         # front: orbax warns about each saved item it has no handler for whenever it reads a step's
@@ -223,8 +228,8 @@ class CheckpointManager(CheckpointReader):
 
     def _no_checkpoint_message(self) -> str:
         tmp = temporary_dirs(self.directory)
-        unfinished = (f" Unfinished saves ({', '.join(tmp)}) never committed: the process stopped mid-save."
-                      if tmp else "")
+        unfinished = (f" Unfinished saves ({', '.join(tmp)}) never committed: the process stopped mid-save, so "
+                      f"they are no checkpoint (a writing run removes them; deleting them is safe)." if tmp else "")
         return (f"{self.directory} holds no ember checkpoint (it contains {describe_contents(self.directory)})."
                 f"{unfinished} Pass the directory a run saved into (OUT/checkpoints).")
 

@@ -246,3 +246,58 @@ def test_list_marks_damaged_steps_and_names_the_step_to_resume(damaged_run, caps
     assert cli.main(["list", str(damaged_run), "--no-verify"]) == 1  # metadata only: step 4 reads as intact
     text = capsys.readouterr().out
     assert "metadata only" in text and "1 damaged step (2); the latest, step 4, is intact" in text
+
+
+def _tree(path):
+    """Every file and folder under `path` with its size: what a command must leave as it was."""
+    return sorted((str(p.relative_to(path)), p.stat().st_size if p.is_file() else -1) for p in path.rglob("*"))
+
+
+@pytest.fixture
+def killed_mid_save(tmp_path):
+    """A run directory with steps 1 and 2 committed and step 3 killed mid-save (orbax's temporary folder)."""
+    import shutil
+
+    run = tmp_path / "run"
+    root = run / C.CHECKPOINTS_DIR
+    with CheckpointManager(root) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, {"params": {"w": torch.full((64,), float(step))}}, metrics={"loss": 1.0 / step})
+    shutil.copytree(root / "2", root / "3.orbax-checkpoint-tmp-1712345678")
+    (root / "3.orbax-checkpoint-tmp-1712345678" / "_CHECKPOINT_METADATA").unlink()  # written at commit
+    return run
+
+
+def test_list_names_an_unfinished_save_and_leaves_it(killed_mid_save, capsys, caplog):
+    import logging
+
+    root = killed_mid_save / C.CHECKPOINTS_DIR
+    before = _tree(killed_mid_save)
+    assert cli.main(["list", str(killed_mid_save)]) == 0  # the committed steps are intact
+    lines = capsys.readouterr().out.splitlines()
+    assert _tree(killed_mid_save) == before  # nothing deleted, nothing written
+    assert lines[0].startswith("2 checkpoints in ") and [line.split()[0] for line in lines[2:5]] == ["1", "2", "3"]
+    assert lines[4].endswith("UNFINISHED: 3.orbax-checkpoint-tmp-1712345678/ never committed "
+                             "(the process stopped mid-save)")
+    assert lines[5] == ("1 unfinished save (3.orbax-checkpoint-tmp-1712345678/): not a checkpoint. `--resume` skips "
+                        "it (the run removes it, logged) and restores the latest committed step; deleting it by "
+                        "hand is safe.")
+    with pytest.raises(CheckpointError, match=r"^step 3 was never committed \(3\.orbax-checkpoint-tmp-1712345678/: "
+                                              r"the process stopped mid-save\) in .*; saved steps: 1, 2\. Pass --step"):
+        cli.main(["export", str(killed_mid_save), "--step", "3", "--out", str(killed_mid_save / "m.safetensors")])
+    assert _tree(killed_mid_save) == before
+    with caplog.at_level(logging.WARNING, logger="ember.core.checkpoint.manager"):  # what a resumed run builds
+        with CheckpointManager(root) as ckpt:
+            assert ckpt.latest_step() == 2
+    assert sorted(p.name for p in root.iterdir()) == ["1", "2"]
+    assert "removing 1 unfinished save(s) (3.orbax-checkpoint-tmp-1712345678): a process stopped mid-save" in caplog.text
+
+
+def test_export_of_a_missing_step_names_the_steps_and_the_flag(saved_run, tmp_path):
+    directory, _, _ = saved_run
+    before = _tree(tmp_path)
+    with pytest.raises(CheckpointError) as err:
+        cli.main(["export", str(directory), "--step", "300", "--out", str(tmp_path / "m.safetensors")])
+    assert str(err.value) == (f"no checkpoint for step 300 in {directory}; saved steps: 2. Pass --step with one "
+                              f"of those, or leave --step out for the latest (2).")
+    assert _tree(tmp_path) == before
