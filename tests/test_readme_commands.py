@@ -48,3 +48,35 @@ def test_every_training_command_is_valid_as_written(command, argv, tmp_path, mon
         monkeypatch.syspath_prepend(str(tmp_path))
     assert train.main([*argv, "--dry-run"]) is None, command
     assert "total:" in capsys.readouterr().out
+
+
+def _ckpt_commands():
+    for block in BLOCKS:
+        for command in _commands(block):
+            words = shlex.split(command)
+            if "launch/ckpt.py" in words:
+                yield command, words[words.index("launch/ckpt.py") + 1:]
+
+
+def test_checkpoint_commands_run_as_written_and_write_only_where_gitignore_covers(tmp_path, monkeypatch):
+    """Run from a repository root holding the run the README trained (steps 100-300), each `ckpt.py` command
+    writes nothing outside a folder .gitignore covers (`/runs/`, `/out/`)."""
+    import torch
+
+    from ember.core.checkpoint import CheckpointManager
+    from ember.launch import ckpt
+
+    gitignore = (pathlib.Path(__file__).resolve().parents[1] / ".gitignore").read_text().splitlines()
+    ignored = {line.strip("/") for line in gitignore if line.startswith("/") and line.endswith("/")}
+    commands = list(_ckpt_commands())
+    assert [argv[0] for _, argv in commands] == ["list", "export"], commands
+    monkeypatch.chdir(tmp_path)
+    for run in {argv[1] for _, argv in commands}:
+        with CheckpointManager(pathlib.Path(run) / "checkpoints") as manager:
+            for step in (100, 200, 300):
+                manager.save(step, {"params": {"w": torch.full((4,), float(step))}}, metrics={"loss": 1.0})
+    before = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")}
+    for command, argv in commands:
+        assert ckpt.main(argv) in (0, argv[-1]), command  # list: 0 (all intact); export: the path written
+    written = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")} - before
+    assert written and all(pathlib.PurePath(p).parts[0] in ignored for p in written), (written, ignored)
