@@ -6,11 +6,24 @@
 # Two environments, one codebase:
 #   .venv      the newest torch (GPU / CPU users): train, bench, the whole suite without XLA tests
 #   .venv-xla  torch 2.9.0 + torch_xla 2.9.0 (TPU users): the whole suite, XLA tests included
+#   .venv-mid  a release between the two (TORCH_MID): the tests of every torch-version workaround
 PYTHON   ?= python3
 VENV     := .venv
 VENV_XLA := .venv-xla
+VENV_MID := .venv-mid
 PY       := $(VENV)/bin/python
 PY_XLA   := $(VENV_XLA)/bin/python
+PY_MID   := $(VENV_MID)/bin/python
+# .venv's torch: the newest release pip allows here; CI pins it (.ci/run).
+TORCH_LATEST ?= torch
+TORCH_MID ?= 2.13.0
+# What `make test-mid` runs: the compat patches and what they serve (rolled loops, shared bodies,
+# compiled DTensor steps, the launchers under torchrun).
+MID_TESTS ?= tests/core/test_compat.py tests/core/test_compat_inductor_batching.py \
+	tests/core/test_compat_inductor_frees.py tests/core/test_compat_gloo_all_gather.py \
+	tests/core/test_rolled_loop.py tests/core/test_shared_call.py tests/core/test_jit_tracing.py \
+	tests/partition_specs/test_dtensor_matrix.py tests/launch/test_torchrun.py tests/launch/test_torchrun_gloo.py \
+	tests/test_wheel.py
 # torch_xla wheels exist for Linux x86-64 only: elsewhere the [xla] extra installs torch 2.9 without
 # it and the XLA tests skip; on Linux x86-64 a skipped XLA test fails the run (EMBER_REQUIRE_XLA=1).
 XLA_PLATFORM := $(shell $(PYTHON) -c "import platform,sys; print(int(sys.platform=='linux' and platform.machine()=='x86_64'))")
@@ -18,12 +31,12 @@ PYTEST_ARGS ?=
 # The two torch lines with their CUDA wheels take ~15 GB; pip's wheel cache would add ~8 GB more
 # (a CI disk once filled up): the large installs skip it.
 
-.PHONY: install install-xla test test-latest test-xla train finetune bench clean
+.PHONY: install install-xla install-mid test test-latest test-xla test-mid train finetune bench clean
 
 $(VENV)/.ember-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-cache-dir --upgrade -e ".[test]" torch
+	$(PY) -m pip install --quiet --no-cache-dir --upgrade -e ".[test]" "$(TORCH_LATEST)"
 	$(PY) -m pip uninstall --quiet --yes torch_xla  # a .venv made before the split had it
 	touch $@
 
@@ -33,8 +46,16 @@ $(VENV_XLA)/.ember-installed: pyproject.toml
 	$(PY_XLA) -m pip install --quiet --no-cache-dir -e ".[xla,test]"
 	touch $@
 
+# The stamp names the release, so another TORCH_MID reinstalls.
+$(VENV_MID)/.ember-installed-$(TORCH_MID): pyproject.toml
+	test -x $(PY_MID) || $(PYTHON) -m venv $(VENV_MID)
+	$(PY_MID) -m pip install --quiet --upgrade pip
+	$(PY_MID) -m pip install --quiet --no-cache-dir -e ".[test]" "torch==$(TORCH_MID)"
+	touch $@
+
 install: $(VENV)/.ember-installed
 install-xla: $(VENV_XLA)/.ember-installed
+install-mid: $(VENV_MID)/.ember-installed-$(TORCH_MID)
 
 test: test-latest test-xla
 
@@ -44,6 +65,9 @@ test-latest: install
 
 test-xla: install-xla
 	EMBER_REQUIRE_XLA=$(XLA_PLATFORM) $(PY_XLA) -m pytest $(PYTEST_ARGS)
+
+test-mid: install-mid
+	$(PY_MID) -m pytest -m "not xla" $(PYTEST_ARGS) $(MID_TESTS)
 
 train: install
 	$(PY) launch/train.py --overwrite  # the default run replaces the last one in runs/default
@@ -57,4 +81,4 @@ bench: install
 	$(PY) launch/bench.py --quick
 
 clean:
-	rm -rf $(VENV) $(VENV_XLA) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV_XLA) $(VENV_MID) build *.egg-info .pytest_cache
