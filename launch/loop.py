@@ -66,6 +66,13 @@ def _progress_bar(*, total: int, initial: int) -> Any:
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
 
+def _notice(bar: Any, text: str) -> None:
+    if bar is not None:
+        bar.write(text)  # above the progress bar, which redraws under it
+    else:
+        print(text, flush=True)
+
+
 def train_loop(
     step: Step,
     state: PyTree,
@@ -96,7 +103,8 @@ def train_loop(
         should_stop: polled after every step; True ends the loop there (the step is logged; no
             eval). `GracefulStop.requested` turns Ctrl-C into this.
         tokens_per_step: tokens in one batch, for the tokens/s figure.
-        progress: say how long the first step (the compile) took, then show a tqdm progress bar.
+        progress: say how long the first step (the compile) took, then show a tqdm progress bar;
+            at a log step, say how many steps so far were skipped as non-finite (metric `skipped`).
 
     Returns:
         The final state.
@@ -105,6 +113,7 @@ def train_loop(
     bar = None
     last_time, last_step = time.perf_counter(), start
     metrics: Mapping[str, Any] = {}
+    skipped, skipped_told = None, 0  # non-finite steps skipped by this loop (a device tensor until a log)
     for i in range(start + 1, steps + 1):
         try:
             batch = next(batches)
@@ -117,9 +126,13 @@ def train_loop(
             first_started = time.perf_counter()
             print(f"step {i}: compiling the step...", end=" ", flush=True)
         state, metrics = step(state, batch)
+        if progress and "skipped" in metrics:
+            skipped = metrics["skipped"] if skipped is None else skipped + metrics["skipped"]
         stop = should_stop is not None and should_stop()
+        logged = False
         if i % log_every == 0 or i == steps or stop:
             row = writer.write(i, metrics)
+            logged = True
             now = time.perf_counter()
             tok_s = tokens_per_step * (i - last_step) / max(now - last_time, 1e-9)
             last_time, last_step = now, i
@@ -134,6 +147,10 @@ def train_loop(
             bar = _progress_bar(total=steps, initial=i)
         elif bar is not None:
             bar.update(1)
+        if logged and skipped is not None and int(skipped) > skipped_told:  # host sync: at log steps only
+            skipped_told = int(skipped)
+            _notice(bar, f"step {i}: skipped {skipped_told} non-finite step{'s' * (skipped_told > 1)} so far "
+                         f"(NaN/inf loss or gradients: no update applied); lower --optim.learning_rate if it goes on")
         if stop:
             break
     if bar is not None:

@@ -29,6 +29,7 @@ import torch
 __all__ = ["MetricsWriter", "plot_losses", "read_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
+_MARKED_POINTS = 30  # a loss line with at most this many points also marks each one
 
 
 def _to_host(metrics: Mapping[str, Any]) -> Dict[str, float]:
@@ -117,8 +118,8 @@ def plot_losses(rows: List[Mapping[str, float]], path: str | os.PathLike, *, tit
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, style in (("loss", "-"), ("eval_loss", "o-")):
         pts = [(r["step"], r[name]) for r in rows if name in r]
-        if pts:
-            ax.plot(*zip(*pts), style, label=name)
+        if pts:  # few points get markers: one point drawn as a line alone would not show
+            ax.plot(*zip(*pts), "o-" if len(pts) <= _MARKED_POINTS else style, label=name, markersize=4)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")

@@ -111,12 +111,14 @@ class Decoder:
 
     def generate(self, params: Params, prompt: Tensor, *, max_new_tokens: int, key: Optional[Key] = None,
                  temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 stop_tokens: Sequence[int] = (), cache_dtype: Optional[torch.dtype] = None) -> Tensor:
+                 stop_tokens: Sequence[int] = (), cache_dtype: Optional[torch.dtype] = None,
+                 vocab_size: Optional[int] = None) -> Tensor:
         """`prompt` (B, T0) extended by up to `max_new_tokens` sampled tokens: (B, T0 + n).
 
         A row that samples one of `stop_tokens` keeps that token and is padded with it; generation
         ends early once every row has stopped (checked every 8 tokens). Token `i` uses
-        `fold_in(key, i)`, as `ember.core.step_fns.generate` does.
+        `fold_in(key, i)`, as `ember.core.step_fns.generate` does. With `vocab_size` (the
+        tokenizer's), ids past it (a padded embedding's rows) are never drawn.
         """
         if self.stacked:
             params = {**params, "blocks": unstack_trees(params["blocks"])}
@@ -130,7 +132,8 @@ class Decoder:
         out = [prompt]
         for i in range(max_new_tokens):
             step_key = None if key is None else random.fold_in(key, i)
-            token = sample_token(logits, key=step_key, temperature=temperature, top_k=top_k, top_p=top_p).to(prompt.dtype)
+            token = sample_token(logits, key=step_key, temperature=temperature, top_k=top_k, top_p=top_p,
+                                 vocab_size=vocab_size).to(prompt.dtype)
             if len(stops):
                 token = torch.where(done, out[-1][:, -1], token)  # a stopped row repeats its stop token
                 done = done | torch.isin(token, stops)

@@ -35,6 +35,7 @@ def sample_token(
     temperature: float = 1.0,
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
+    vocab_size: Optional[int] = None,
 ) -> Tensor:
     """Sample one token per row from `logits`.
 
@@ -45,6 +46,8 @@ def sample_token(
         top_k: keep only the `top_k` highest-scoring tokens before sampling.
         top_p: nucleus sampling: keep the fewest highest-probability tokens whose probabilities
             sum to at least `top_p` (in (0, 1]), after `top_k`.
+        vocab_size: the tokenizer's vocabulary: ids at or past it (an embedding padded to a
+            multiple of 64) are never drawn. NaN logits still give ids below it.
 
     Returns:
         (B,) int64 token ids.
@@ -54,6 +57,9 @@ def sample_token(
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
+    if vocab_size is not None and vocab_size < logits.shape[-1]:  # padded rows: -inf, never drawn
+        padded = torch.arange(logits.shape[-1], device=logits.device) >= vocab_size
+        logits = logits.masked_fill(padded, float("-inf"))
     if temperature == 0:
         return logits.argmax(dim=-1)
     if key is None:
@@ -87,6 +93,7 @@ def generate(
     temperature: float = 1.0,
     top_k: Optional[int] = None,
     max_seq_len: Optional[int] = None,
+    vocab_size: Optional[int] = None,
     **apply_kwargs: Any,
 ) -> Tensor:
     """Extend `prompt` by `max_new_tokens` tokens sampled from `apply_fn(params, tokens)`.
@@ -99,6 +106,7 @@ def generate(
         key: RNG key (token i uses `fold_in(key, i)`); not needed for greedy decoding.
         temperature, top_k: see `sample_token`.
         max_seq_len: crop the context to its last `max_seq_len` tokens (the model's maximum).
+        vocab_size: the tokenizer's vocabulary; padded ids past it are never drawn (`sample_token`).
 
     Returns:
         (B, T0 + max_new_tokens) int64 token ids.
@@ -110,6 +118,6 @@ def generate(
         context = tokens if max_seq_len is None else tokens[:, -max_seq_len:]
         logits = apply_fn(params, context, **apply_kwargs)[:, -1, :]  # (B, V)
         step_key = None if key is None else random.fold_in(key, i)
-        nxt = sample_token(logits, key=step_key, temperature=temperature, top_k=top_k)
+        nxt = sample_token(logits, key=step_key, temperature=temperature, top_k=top_k, vocab_size=vocab_size)
         tokens = torch.cat([tokens, nxt[:, None].to(tokens.dtype)], dim=1)  # (B, T + 1)
     return tokens
