@@ -6,7 +6,8 @@ Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `tiny_ch
 `llama3_tiny` is the default of `launch/train.py` and `make train`: a small Llama-style model
 trained on the running interpreter's standard library sources in a few CPU minutes. Vocabularies
 are the byte tokenizer's 257 ids (256 bytes + EOS) padded up to a multiple of 64 (nanoGPT's
-trick: friendlier matmul shapes; the unused rows just learn to be unlikely).
+trick: friendlier matmul shapes; the unused rows are never sampled). A docstring's "~N.NM-parameter"
+is the built model's count (tests/launch/test_presets.py checks it).
 
 Example:
     >>> from ember.launch.run_config import get_config
@@ -31,7 +32,7 @@ _BYTE_VOCAB = 320  # 257 byte-tokenizer ids padded to a multiple of 64
 
 @register_config("llama3_tiny")
 def llama3_tiny() -> TrainConfig:
-    """~1.2M-parameter Llama (4 layers, d=192, GQA 6:2) on the stdlib corpus: the default run."""
+    """~1.6M-parameter Llama (4 layers, d=192, GQA 6:2) on the stdlib corpus: the default run."""
     model = get_config("llama3", "tiny").replace(
         vocab_size=_BYTE_VOCAB, n_layers=4, d_model=192, n_heads=6, n_kv_heads=2, ffn_dim=512
     )
@@ -95,7 +96,7 @@ def tiny_chat_sft() -> TrainConfig:
 
 @register_config("llama3_125m")
 def llama3_125m() -> TrainConfig:
-    """The ~125M-parameter Llama used by the benchmarks (BPE tokenizer, 1024-token windows)."""
+    """The 125M-class Llama used by the benchmarks (~129.0M-parameter; BPE tokenizer, 1024-token windows)."""
     return TrainConfig(
         family="llama3",
         model=get_config("llama3", "125m"),
