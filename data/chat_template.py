@@ -9,6 +9,11 @@ loop controls, `raise_exception`, `strftime_now` and a `tojson` that keeps non-A
 special tokens (`bos_token`, `eos_token`, ...) are variables. So the same messages give the same
 text, and through the same `tokenizer.json` the same ids.
 
+Roles: a message's role must be one of `STANDARD_ROLES` (system, user, assistant, tool: what
+transformers' templates and the OpenAI format use) or one the template itself compares a role with
+(Llama 3.1's `ipython`, gpt-oss's `developer`); any other (a typo such as `assitant`) is refused
+rather than rendered as a header the model never saw.
+
 Example:
     >>> t = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}"
     ...                  "{% if add_generation_prompt %}<assistant>{% endif %}", special_tokens={"eos_token": "</s>"})
@@ -24,7 +29,8 @@ from __future__ import annotations
 
 import datetime
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import difflib
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import jinja2
 import jinja2.ext
@@ -35,6 +41,9 @@ import jinja2.sandbox
 __all__ = ["ChatTemplate"]
 
 Message = Mapping[str, Any]
+
+STANDARD_ROLES = ("system", "user", "assistant", "tool")
+"""Roles every template is taken to accept; a template adds the roles it names (`ChatTemplate.roles`)."""
 
 _RENDER_VARIABLES = ("messages", "add_generation_prompt", "tools", "documents", "continue_final_message")
 """What every render passes (None when not given); the special tokens and `extra` variables are added."""
@@ -47,6 +56,30 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None, separators: Any = None,
             sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _reads_role(node: jinja2.nodes.Node) -> bool:
+    """`m.role`, `m['role']`, a variable called `role`, or one of them through a filter (`m.role | lower`)."""
+    if isinstance(node, jinja2.nodes.Filter) and node.node is not None:
+        return _reads_role(node.node)
+    if isinstance(node, jinja2.nodes.Getattr):
+        return node.attr == "role"
+    if isinstance(node, jinja2.nodes.Getitem):
+        return isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == "role"
+    return isinstance(node, jinja2.nodes.Name) and node.name == "role"
+
+
+def _roles_named(ast: jinja2.nodes.Template) -> Set[str]:
+    """The strings a template compares a role with: `m.role == 'ipython'`, `role in ['developer', ...]`."""
+    roles: Set[str] = set()
+    for compare in ast.find_all(jinja2.nodes.Compare):
+        operands = [compare.expr, *(op.expr for op in compare.ops)]
+        if not any(_reads_role(x) for x in operands):
+            continue
+        for x in operands:
+            items = x.items if isinstance(x, (jinja2.nodes.List, jinja2.nodes.Tuple)) else [x]
+            roles |= {c.value for c in items if isinstance(c, jinja2.nodes.Const) and isinstance(c.value, str)}
+    return roles
 
 
 def _environment() -> jinja2.Environment:
@@ -66,6 +99,9 @@ class ChatTemplate:
         special_tokens: variables naming the tokenizer's special tokens (`{"bos_token": "<s>", ...}`).
         extra: more variables the template reads (for example `{"enable_thinking": False}`).
         name: where the template came from, for error messages.
+
+    Attributes:
+        roles: the roles a message may have: `STANDARD_ROLES` and those the template compares a role with.
 
     Raises:
         ValueError: the template does not parse, or reads a variable that no render provides (each
@@ -87,6 +123,7 @@ class ChatTemplate:
         own = {n.name for n in ast.find_all(jinja2.nodes.Name) if n.ctx in ("store", "param")}
         optional = {t.node.name for t in ast.find_all(jinja2.nodes.Test)
                     if t.name in ("defined", "undefined") and isinstance(t.node, jinja2.nodes.Name)}
+        self.roles = frozenset(STANDARD_ROLES) | _roles_named(ast)  # before jinja2.meta, which rewrites the AST
         unknown = sorted(jinja2.meta.find_undeclared_variables(ast) - known - own - optional)
         if unknown:
             raise ValueError(
@@ -98,8 +135,25 @@ class ChatTemplate:
         self.name = name
         self._template = env.from_string(source)
 
+    def _check_roles(self, messages: Sequence[Message]) -> None:
+        for i, message in enumerate(messages):
+            role = message.get("role") if isinstance(message, Mapping) else None
+            if role in self.roles:
+                continue
+            close = difflib.get_close_matches(str(role), sorted(self.roles), n=1)
+            raise ValueError(
+                f"messages[{i}] has role {role!r}, which {self.name} does not know; expected one of "
+                f"{sorted(self.roles)} (the standard roles and those the template names)."
+                + (f" Did you mean {close[0]!r}?" if close else " Rename the role, or use a template that names it.")
+            )
+
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False, **variables: Any) -> str:
-        """The conversation as the model reads it (`add_generation_prompt`: end with the assistant's cue)."""
+        """The conversation as the model reads it (`add_generation_prompt`: end with the assistant's cue).
+
+        Raises:
+            ValueError: a message's role is not in `roles`, or the template refused the conversation.
+        """
+        self._check_roles(messages)
         values = {name: None for name in _RENDER_VARIABLES}
         values.update(self.variables)
         values.update(variables)

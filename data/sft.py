@@ -4,7 +4,11 @@ Public names: `read_sft_jsonl`, `tokenize_sft_example`, `PackedWindows`, `pack_s
 
 Each JSONL line is `{"messages": [{"role": ..., "content": ...}, ...]}` (rendered with the model's
 chat template) or `{"prompt": ..., "completion": ...}` (BOS if the tokenizer has one, the prompt, then
-the completion and an EOS, which are trained on). Every 20th example is held out as the eval split.
+the completion and an EOS, which are trained on). A message's content is a string or, in the OpenAI
+format, a list of `{"type": "text", "text": ...}` parts, joined with newlines (as vLLM does for a
+template that takes strings); other parts (images, audio) are refused, as are roles the chat template
+does not know (`ember.data.chat_template`). Errors name the file and line (`sft.jsonl:8`).
+Every 20th example is held out as the eval split.
 Examples are packed in order into windows of `seq_len` tokens; each window carries
 
     inputs, targets   (T,) int64   targets are -100 where nothing is learnt (prompts, padding)
@@ -38,13 +42,38 @@ Overflow = Literal["truncate", "error"]
 log = logging.getLogger(__name__)
 
 
-def read_sft_jsonl(path: str) -> Iterator[Dict[str, Any]]:
-    """The examples of a JSONL file, one per non-empty line.
+def _text(content: Any, at: str) -> str:
+    """A message's content as one string: a string as is, text parts joined with newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(f"{at} is {type(content).__name__} {json.dumps(content)[:40]}; expected a string or a "
+                         f"list of {{\"type\": \"text\", \"text\": ...}} parts.")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"{at}[{j}] is a {kind!r} part; SFT trains on text only: keep the "
+                             f"{{\"type\": \"text\", \"text\": ...}} parts, or drop the example.")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
-    Raises:
-        ValueError: a line that is not JSON, or holds neither a `messages` list nor `prompt` and
-            `completion` strings (the file and line number are named).
-    """
+
+def _messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The messages with string content (see `_text`; None only beside `tool_calls`); other keys are kept."""
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}].role is {m.get('role')!r}; expected a string such as \"user\".")
+        if m["content"] is None and m.get("tool_calls"):
+            out.append(dict(m))
+            continue
+        out.append({**m, "content": _text(m["content"], f"messages[{i}].content")})
+    return out
+
+
+def _read_lines(path: str) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """`(file:line, example)` for each example of a JSONL file (see `read_sft_jsonl`)."""
     if not os.path.isfile(path):
         raise ValueError(f"SFT data {os.fspath(path)!r} is not a file; data.source=sft reads one JSONL file "
                          f"(--data.path FILE.jsonl).")
@@ -62,14 +91,29 @@ def read_sft_jsonl(path: str) -> Iterator[Dict[str, Any]]:
             messages = example.get("messages")
             if isinstance(messages, list) and all(isinstance(m, dict) and "role" in m and "content" in m
                                                    for m in messages) and messages:
-                yield {"messages": messages}
+                try:
+                    messages = _messages(messages)
+                except ValueError as err:
+                    raise ValueError(f"{where}: {err}") from None
+                yield where, {"messages": messages}
             elif isinstance(example.get("prompt"), str) and isinstance(example.get("completion"), str):
-                yield {"prompt": example["prompt"], "completion": example["completion"]}
+                yield where, {"prompt": example["prompt"], "completion": example["completion"]}
             else:
                 raise ValueError(
                     f"{where}: expected \"messages\" (a non-empty list of {{\"role\", \"content\"}} objects) or "
                     f"\"prompt\" and \"completion\" strings, got keys {sorted(example)}."
                 )
+
+
+def read_sft_jsonl(path: str) -> Iterator[Dict[str, Any]]:
+    """The examples of a JSONL file, one per non-empty line (messages' content as strings).
+
+    Raises:
+        ValueError: a line that is not JSON, or holds neither a `messages` list nor `prompt` and
+            `completion` strings, or a message whose content is not text (the file and line are named).
+    """
+    for _, example in _read_lines(path):
+        yield example
 
 
 def tokenize_sft_example(example: Mapping[str, Any], tokenizer: Tokenizer) -> Tuple[np.ndarray, np.ndarray]:
@@ -83,7 +127,7 @@ def tokenize_sft_example(example: Mapping[str, Any], tokenizer: Tokenizer) -> Tu
             raise ValueError(f"conversations (\"messages\") are rendered with the model's chat template, but "
                              f"{tokenizer!r} has none; use data.tokenizer=model with data.tokenizer_path set to the "
                              f"model folder, or prompt/completion lines.")
-        return tokenizer.encode_chat(example["messages"])
+        return tokenizer.encode_chat(_messages(list(example["messages"])))
     bos = getattr(tokenizer, "bos_id", None)
     prompt = np.concatenate([np.asarray([] if bos is None else [bos], dtype=np.int32), tokenizer.encode(example["prompt"])])
     completion = tokenizer.encode(example["completion"])
@@ -95,30 +139,35 @@ def tokenize_sft_example(example: Mapping[str, Any], tokenizer: Tokenizer) -> Tu
 
 
 def pack_sft(examples: Sequence[Tuple[np.ndarray, np.ndarray]], seq_len: int, *,
-             overflow: Overflow = "truncate") -> Dict[str, np.ndarray]:
+             overflow: Overflow = "truncate", names: Optional[Sequence[str]] = None) -> Dict[str, np.ndarray]:
     """Pack `(ids, learnt)` examples, in order, into `(N, seq_len)` windows (see the module docstring).
 
     An example of `n` tokens fills `n - 1` positions (each predicts the next token). One that does not
     fit a window is cut to `seq_len + 1` tokens (`overflow="truncate"`, counted in the log) or refused
-    (`"error"`).
+    (`"error"`). `names` says where each example came from (`file:line`) in those messages; without
+    it an example is `examples[i]`.
     """
     rows: List[List[Tuple[np.ndarray, np.ndarray]]] = [[]]
-    used, truncated = 0, 0
+    used, truncated, first = 0, 0, ""
     for index, (ids, learnt) in enumerate(examples):
         if len(ids) < 2:
             continue
         if len(ids) - 1 > seq_len:
+            name = names[index] if names is not None else f"examples[{index}]"
             if overflow == "error":
-                raise ValueError(f"example {index} has {len(ids)} tokens, more than a window of seq_len={seq_len} "
-                                 f"(+1) holds; raise data.seq_len or pass data.overflow=truncate.")
+                raise ValueError(f"{name}: {len(ids)} tokens, more than a window of --data.seq_len {seq_len} (+1) "
+                                 f"holds; raise --data.seq_len, or pass --data.overflow truncate to cut such "
+                                 f"examples to {seq_len + 1} tokens.")
             ids, learnt, truncated = ids[:seq_len + 1], learnt[:seq_len + 1], truncated + 1
+            first = first or name
         if used + len(ids) - 1 > seq_len:
             rows.append([])
             used = 0
         rows[-1].append((ids, learnt))
         used += len(ids) - 1
     if truncated:
-        log.warning("SFT packing: %d example(s) longer than seq_len=%d were truncated", truncated, seq_len)
+        log.warning("SFT packing: %d example(s) longer than seq_len=%d were truncated (the first: %s)",
+                    truncated, seq_len, first)
     rows = [r for r in rows if r]
     out = {k: np.zeros((len(rows), seq_len), dtype=np.int64) for k in ("inputs", "targets", "segment_ids", "positions")}
     out["targets"][:] = IGNORE_INDEX
@@ -174,8 +223,14 @@ def make_sft_pipeline(path: str, *, tokenizer: Tokenizer, seq_len: int, batch_si
 
     `split` ("train" or "eval") keeps that split's examples (see `EVAL_EVERY`); None keeps them all.
     """
-    examples = [tokenize_sft_example(e, tokenizer) for e in _split(list(read_sft_jsonl(path)), split)]
-    windows = PackedWindows(pack_sft(examples, seq_len, overflow=overflow))
+    names, examples = [], []
+    for where, example in _split(list(_read_lines(path)), split):
+        try:
+            examples.append(tokenize_sft_example(example, tokenizer))
+        except ValueError as err:  # a role the template does not know, a template's own refusal
+            raise ValueError(f"{where}: {err}") from None
+        names.append(where)
+    windows = PackedWindows(pack_sft(examples, seq_len, overflow=overflow, names=names))
     dataset = window_batches(windows, batch_size=batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
                              shard_count=shard_count, repeat=repeat)
     config = {"sft": os.path.abspath(path), "split": split, "windows": len(windows), "num_tokens": windows.num_tokens,

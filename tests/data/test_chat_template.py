@@ -124,3 +124,26 @@ def test_bad_templates_name_the_fix(tmp_path):
     os.makedirs(tmp_path / "empty")
     with pytest.raises(ValueError, match=r"tokenizer\.json not found \(the folder holds \[\]\)"):
         load_model_tokenizer(tmp_path / "empty")
+
+
+ROLE_TEMPLATES = [  # (template, the roles it accepts beyond system / user / assistant / tool)
+    (TEMPLATES["chatml"], set()),
+    ("{% for m in messages %}{% if m.role == 'ipython' or m['role'] == 'tool' %}<|ipython|>{% endif %}"
+     "{{ m.content }}{% endfor %}", {"ipython"}),
+    ("{% for m in messages %}{% set role = m.role | lower %}{% if role in ['developer', 'system'] %}#{% endif %}"
+     "{{ m.content }}{% endfor %}", {"developer"}),
+]
+
+
+@pytest.mark.parametrize("source, extra", ROLE_TEMPLATES, ids=["chatml", "ipython", "developer"])
+def test_roles_are_the_standard_ones_and_those_the_template_names(source, extra):
+    t = ChatTemplate(source, special_tokens={"eos_token": "</s>"})
+    assert t.roles == {"system", "user", "assistant", "tool"} | extra
+    for role in sorted(t.roles):
+        t.render([{"role": role, "content": "x"}])
+    with pytest.raises(ValueError, match=r"^messages\[1\] has role 'narrator', which chat template does not know; "
+                                         r"expected one of \[.*'user'\] \(the standard roles and those the template "
+                                         r"names\)\. Rename the role, or use a template that names it\.$"):
+        t.render([{"role": "user", "content": "x"}, {"role": "narrator", "content": "y"}])
+    with pytest.raises(ValueError, match=r"has role 'Assistant'.*Did you mean 'assistant'\?"):
+        t.render([{"role": "Assistant", "content": "y"}])

@@ -39,7 +39,8 @@ def test_overflow_truncates_with_a_count_or_refuses(caplog):
     with caplog.at_level("WARNING"):
         p = pack_sft(long, seq_len=8)
     assert p["inputs"][0].tolist() == list(range(8)) and "1 example(s) longer than seq_len=8 were truncated" in caplog.text
-    with pytest.raises(ValueError, match=r"example 0 has 30 tokens.*data\.overflow=truncate"):
+    with pytest.raises(ValueError, match=r"^examples\[0\]: 30 tokens, more than a window of --data\.seq_len 8 \(\+1\) "
+                                         r"holds; raise --data\.seq_len, or pass --data\.overflow truncate to cut"):
         pack_sft(long, seq_len=8, overflow="error")
 
 
@@ -124,3 +125,52 @@ def test_every_20th_example_is_the_eval_split_and_the_path_is_checked(tmp_path):
     assert (segments("train"), segments("eval"), segments(None)) == (38, 2, 40)
     with pytest.raises(ValueError, match=r"is not a file; data\.source=sft reads one JSONL file"):
         make_sft_pipeline(str(tmp_path), tokenizer=tok, seq_len=64, batch_size=1)
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(tmp_path_factory):
+    """A model folder's tokenizer with a ChatML-style template that prints any role it is given."""
+    from ember.data import load_model_tokenizer, train_bpe
+
+    d = tmp_path_factory.mktemp("chat_model")
+    train_bpe(["hello there, how are you? fine thanks"] * 20, vocab_size=300,
+              special_tokens=["<|im_start|>", "<|im_end|>"]).save(d / "tokenizer.json")
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": template}))
+    return load_model_tokenizer(d)
+
+
+def _chat(user, reply="fine", role="assistant"):
+    return {"messages": [{"role": "user", "content": user}, {"role": role, "content": reply}]}
+
+
+def test_text_parts_are_joined_and_train_like_the_same_string(tmp_path, chat_tokenizer):
+    parts = [{"type": "text", "text": "hello there"}, {"type": "text", "text": "how are you?"}]
+    path = _write(tmp_path / "parts.jsonl", [_chat(parts, reply=[{"type": "text", "text": "fine thanks"}]),
+                                             _chat("hello there\nhow are you?", reply="fine thanks")])
+    (a, b) = [tokenize_sft_example(e, chat_tokenizer) for e in read_sft_jsonl(path)]
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert "user\nhello there\nhow are you?<|im_end|>" in chat_tokenizer.decode(a[0])  # the text, not the list's repr
+    assert chat_tokenizer.decode(a[0][a[1]]) == "fine thanks<|im_end|>\n"
+
+
+SFT_MISTAKES = [  # (line 2 of the file, the error's text after "bad.jsonl:2: ")
+    (_chat([{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x.png"}}]),
+     r"messages\[0\]\.content\[1\] is a 'image_url' part; SFT trains on text only: keep the \{\"type\": \"text\""),
+    (_chat({"text": "hi"}), r"messages\[0\]\.content is dict \{\"text\": \"hi\"\}; expected a string or a list of"),
+    (_chat("hi", role="assitant"), r"messages\[1\] has role 'assitant', which the chat template of .* does not know; "
+                                   r"expected one of \['assistant', 'system', 'tool', 'user'\] .* Did you mean 'assistant'\?"),
+    (_chat("hi", role="narrator"), r"messages\[1\] has role 'narrator'.*Rename the role, or use a template that names it"),
+    (_chat("hello " * 40), r"\d+ tokens, more than a window of --data\.seq_len 32 \(\+1\) holds; raise --data\.seq_len, "
+                           r"or pass --data\.overflow truncate"),
+]
+
+
+@pytest.mark.parametrize("line, match", SFT_MISTAKES, ids=["image-part", "dict-content", "role-typo", "unknown-role",
+                                                           "overflow"])
+def test_sft_mistakes_name_the_file_and_line(tmp_path, chat_tokenizer, line, match):
+    path = _write(tmp_path / "bad.jsonl", [_chat("hello there"), line])
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'bad.jsonl'}:2: {match}"):
+        make_sft_pipeline(path, tokenizer=chat_tokenizer, seq_len=32, batch_size=1, overflow="error")
