@@ -350,11 +350,13 @@ def to_hf(
         params: its params (either layer layout; gathered to CPU while writing).
         path: the output folder (created if needed; existing files of the same names are replaced).
         dtype: cast every tensor to this dtype (also recorded in config.json); None keeps theirs.
-        extra_config: more `config.json` entries, e.g. `{"bos_token_id": 0, "eos_token_id": 1}`.
+        extra_config: more `config.json` entries, e.g. `{"bos_token_id": 0, "eos_token_id": 1}`; it may not
+            change an entry the model's config writes (`pad_token_id` of a Llama-layout model, ...).
 
     Raises:
         TypeError: `model` is not a native ember model.
-        ValueError: `params` does not fit the model (the path and shapes are named).
+        ValueError: `params` does not fit the model (the path and shapes are named), or `extra_config`
+            changes an entry the model's config writes.
     """
     if not isinstance(model, tuple(a.model_cls for a in _adapters())):
         raise TypeError(
@@ -363,6 +365,11 @@ def to_hf(
             f"merge_lora(params['base'], params['lora'], ...)."
         )
     hf = config_to_hf(model.config)  # first: a config the HF family cannot hold is the clearer error
+    clash = {k: v for k, v in (extra_config or {}).items() if k in hf and hf[k] != v}
+    if clash:
+        k = next(iter(clash))
+        raise ValueError(f"extra_config sets {k}={clash[k]!r}, but the model's config writes {k}={hf[k]!r} (it is "
+                         f"part of the model's math); change the model config (config.replace(...)) instead.")
     state = params_to_hf(params, model.config)
     tensors = {}
     for k, v in state.items():

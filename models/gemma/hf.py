@@ -3,7 +3,8 @@
 Registers the `"gemma"` adapter of `ember.models.hf`. The tensors are named and laid out as in
 `ember.models.llama3.hf` (the norm weights are the `weight` of `1 + weight`, as HF stores them); the
 activation must be GELU with the tanh approximation (`gelu_pytorch_tanh`), and the head width is
-`head_dim` of config.json.
+`head_dim` of config.json. `pad_token_id` is 0 when config.json leaves it out, as in transformers'
+`GemmaConfig` (released Gemma configs set 0): the pad row gets no gradient from the embedding lookup.
 
 Example:
     >>> from ember.models import get_config
@@ -29,13 +30,16 @@ _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu")  # transformers runs Gem
 
 def gemma_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> GemmaConfig:
     """The `GemmaConfig` for an HF `GemmaConfig` dict, with ember field `overrides` applied."""
-    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
-    if act not in _GELU_TANH:
-        raise ValueError(f"config.json has hidden_activation={act!r}, but ember's Gemma needs 'gelu_pytorch_tanh' "
-                         f"(GELU, tanh approximation).")
+    for key in ("hidden_act", "hidden_activation"):  # transformers 5 reads the first, 4.x the second
+        if hf.get(key) not in (None, *_GELU_TANH):
+            raise ValueError(f"config.json has {key}={hf[key]!r}, but ember's Gemma needs 'gelu_pytorch_tanh' "
+                             f"(GELU, tanh approximation).")
     require_hf_value(hf, "attention_bias", False, False, "Gemma (no attention biases)")
     require_hf_value(hf, "tie_word_embeddings", True, True, "Gemma (the output projection is the embedding)")
-    fields = llama_fields_from_hf({"tie_word_embeddings": True, **hf})
+    if hf.get("use_bidirectional_attention"):  # saved as null by default
+        raise ValueError(f"config.json has use_bidirectional_attention={hf['use_bidirectional_attention']!r}, but "
+                         f"ember's Gemma needs causal attention (use_bidirectional_attention null or false).")
+    fields = llama_fields_from_hf({"tie_word_embeddings": True, **hf}, family="Gemma", pad_default=0)
     fields["attn_head_dim"] = hf.get("head_dim") or fields["d_model"] // fields["n_heads"]
     return replace_config(GemmaConfig(**fields), **overrides)
 

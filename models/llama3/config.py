@@ -62,6 +62,10 @@ class Llama3Config:
     all earlier tokens. A window shorter than the sequence puts attention on the masked path."""
     tie_embeddings: bool = False
     """Use the token embedding as the output projection (Llama 3.2 1B/3B) instead of `lm_head`."""
+    pad_token_id: Optional[int] = None
+    """HF `pad_token_id`, which transformers makes the embedding's `padding_idx`: that row starts at zero and
+    gets no gradient from the lookup (a tied output projection still trains it). None: every row trains
+    alike (Llama 3, Qwen, Mistral); Gemma's config.json sets 0."""
     init_std: float = 0.02
     """Standard deviation of weight init (HF `initializer_range`)."""
     scan_layers: bool = False
@@ -100,6 +104,10 @@ class Llama3Config:
             )
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"{type(self).__name__}.sliding_window must be > 0 or None, got {self.sliding_window}.")
+        p, v = self.pad_token_id, self.vocab_size
+        if p is not None and not (isinstance(p, int) and not isinstance(p, bool) and -v <= p < v):
+            raise ValueError(f"{type(self).__name__}.pad_token_id must be None or a token id in [-{v}, {v}) (the "
+                             f"vocabulary), got {p!r}; fix pad_token_id or vocab_size.")
         if not self.init_std >= 0:
             raise ValueError(f"Llama3Config.init_std must be >= 0, got {self.init_std}.")
         checks.check_non_negative(self, "loss_chunk_size")

@@ -11,7 +11,10 @@ layout is HF's own, so there are no transposes and no q/k permutation, only rena
     lm_head.weight                  <- lm_head.weight (absent when tie_word_embeddings)
 
 The config reads transformers 5.x `rope_parameters` and 4.x `rope_theta` / `rope_scaling`, and
-writes the keys both read.
+writes the keys both read. `pad_token_id` becomes `Llama3Config.pad_token_id` (transformers makes it the
+embedding's `padding_idx`: that row gets no gradient from the lookup) and is written back. Settings
+transformers honours and ember does not (biases, another activation or RoPE type, attention dropout) are
+refused with the key and its value.
 
 Example:
     >>> from ember.models import get_config
@@ -73,8 +76,16 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Optional[RopeScaling]]:
     return float(theta), scaling
 
 
-def llama_fields_from_hf(hf: Mapping[str, Any]) -> Dict[str, Any]:
-    """The `Llama3Config` fields that every Llama-layout family (Llama, Qwen2, Mistral) reads alike."""
+def llama_fields_from_hf(hf: Mapping[str, Any], *, family: str = "Llama3", pad_default: Optional[int] = None
+                         ) -> Dict[str, Any]:
+    """The `Llama3Config` fields that every Llama-layout family (Llama, Qwen2/3, Mistral, Gemma) reads alike.
+
+    Refuses attention dropout (transformers applies it in training; ember's `family` has none).
+    `pad_default` is the family's HF `pad_token_id` when config.json leaves it out (transformers'
+    `GemmaConfig`: 0; the others: None). `partial_rotary_factor` is ignored, as these transformers
+    models ignore it with default RoPE (and fail with Llama-3.1 scaling).
+    """
+    require_hf_value(hf, "attention_dropout", 0.0, 0.0, f"{family} (no attention dropout)")
     d, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
     head_dim = hf.get("head_dim")
     theta, scaling = _rope_from_hf(hf)
@@ -91,6 +102,7 @@ def llama_fields_from_hf(hf: Mapping[str, Any]) -> Dict[str, Any]:
         rope_theta=theta,
         rope_scaling=scaling,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        pad_token_id=hf.get("pad_token_id", pad_default),
         init_std=hf.get("initializer_range", 0.02),
     )
 
@@ -127,7 +139,7 @@ def llama_fields_to_hf(c: Llama3Config) -> Dict[str, Any]:
         "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
         "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_theta, "rope_scaling": rope_scaling,
         "tie_word_embeddings": c.tie_embeddings, "hidden_act": "silu", "attention_dropout": 0.0,
-        "initializer_range": c.init_std,
+        "initializer_range": c.init_std, "pad_token_id": c.pad_token_id,  # always written: Gemma's default is 0
     }
 
 

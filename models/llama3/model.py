@@ -296,7 +296,7 @@ class Llama3(Module):
         else:
             blocks = Sequential.repeat(block, c.n_layers, remat=c.remat)
         spec = {
-            "wte": Embedding(c.vocab_size, c.d_model, weight_init=std),
+            "wte": Embedding(c.vocab_size, c.d_model, weight_init=std, padding_idx=c.pad_token_id),
             "blocks": blocks,
             "ln_f": self.norm(),
         }

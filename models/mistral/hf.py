@@ -1,7 +1,8 @@
 """Mistral <-> Hugging Face `MistralForCausalLM`: Llama's tensor names, plus the sliding window.
 
 Registers the `"mistral"` adapter of `ember.models.hf`. The tensors are named and laid out as in
-`ember.models.llama3.hf`; the config adds `sliding_window` (null in v0.2 and later).
+`ember.models.llama3.hf`; the config adds `sliding_window` (null in v0.2 and later; 4096, transformers'
+default, when config.json leaves it out).
 
 Example:
     >>> from ember.models import get_config
@@ -26,8 +27,9 @@ __all__ = ["mistral_config_from_hf", "mistral_config_to_hf"]
 def mistral_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> MistralConfig:
     """The `MistralConfig` for an HF `MistralConfig` dict, with ember field `overrides` applied."""
     require_hf_value(hf, "hidden_act", "silu", "silu", "Mistral (SwiGLU)")
-    fields = llama_fields_from_hf(hf)
-    return replace_config(MistralConfig(**fields, sliding_window=hf.get("sliding_window")), **overrides)
+    fields = llama_fields_from_hf(hf, family="Mistral")
+    window = hf.get("sliding_window", 4096)  # transformers' MistralConfig default when config.json leaves it out
+    return replace_config(MistralConfig(**fields, sliding_window=window), **overrides)
 
 
 def mistral_config_to_hf(c: MistralConfig) -> Dict[str, Any]:

@@ -25,11 +25,20 @@ from .model import Qwen2
 __all__ = ["qwen2_config_from_hf", "qwen2_config_to_hf"]
 
 
+def _require_full_attention(hf: Mapping[str, Any]) -> None:
+    """transformers 5 windows the layers that `layer_types` marks "sliding_attention"; ember's Qwen2 has none."""
+    kinds = sorted(set(hf.get("layer_types") or ["full_attention"]))
+    if kinds != ["full_attention"]:
+        raise ValueError(f"config.json has layer_types with {kinds}, but ember's Qwen2 needs every entry "
+                         f"'full_attention' (no sliding-window layers).")
+
+
 def qwen2_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> Qwen2Config:
     """The `Qwen2Config` for an HF `Qwen2Config` dict, with ember field `overrides` applied."""
     require_hf_value(hf, "hidden_act", "silu", "silu", "Qwen2 (SwiGLU)")
     require_hf_value(hf, "use_sliding_window", False, False, "Qwen2 (full attention in every layer)")
-    return replace_config(Qwen2Config(**llama_fields_from_hf(hf)), **overrides)
+    _require_full_attention(hf)
+    return replace_config(Qwen2Config(**llama_fields_from_hf(hf, family="Qwen2")), **overrides)
 
 
 def qwen2_config_to_hf(c: Qwen2Config) -> Dict[str, Any]:

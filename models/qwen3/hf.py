@@ -25,12 +25,21 @@ from .model import Qwen3
 __all__ = ["qwen3_config_from_hf", "qwen3_config_to_hf"]
 
 
+def _require_full_attention(hf: Mapping[str, Any]) -> None:
+    """transformers 5 windows the layers that `layer_types` marks "sliding_attention"; ember's Qwen3 has none."""
+    kinds = sorted(set(hf.get("layer_types") or ["full_attention"]))
+    if kinds != ["full_attention"]:
+        raise ValueError(f"config.json has layer_types with {kinds}, but ember's Qwen3 needs every entry "
+                         f"'full_attention' (no sliding-window layers).")
+
+
 def qwen3_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> Qwen3Config:
     """The `Qwen3Config` for an HF `Qwen3Config` dict, with ember field `overrides` applied."""
     require_hf_value(hf, "hidden_act", "silu", "silu", "Qwen3 (SwiGLU)")
     require_hf_value(hf, "attention_bias", False, False, "Qwen3 (no attention biases)")
     require_hf_value(hf, "use_sliding_window", False, False, "Qwen3 (full attention in every layer)")
-    fields = llama_fields_from_hf(hf)
+    _require_full_attention(hf)
+    fields = llama_fields_from_hf(hf, family="Qwen3")
     fields["attn_head_dim"] = hf.get("head_dim") or fields["d_model"] // fields["n_heads"]
     return replace_config(Qwen3Config(**fields), **overrides)
 
