@@ -25,6 +25,12 @@ are gone: clone the state first if you need them. A new leaf may be its own dona
 (a key, a hyperparameter), but not another donated leaf (moved or swapped leaves raise
 `ValueError`), nor a view of one.
 
+JAX's spellings. Every argument that is not a tensor (an int, a string, a config) is already
+static: its value is baked into the compiled function and a new value compiles again, which is
+what `jax.jit`'s `static_argnums` / `static_argnames` ask for; they are accepted and checked (the
+arguments they name must hold no tensor). `donate_argnums=0` (or `donate_argnames` naming the first
+parameter) is `donate="state"`; ember donates no other argument.
+
 Known Inductor issue (CPU): Inductor may fuse the copy into a donated leaf with the kernel
 computing its new value; if that kernel reads the same donated leaf at *other* indices (`flip`,
 `roll`, a transpose), it reads overwritten values. A training step is not affected (params and
@@ -47,15 +53,17 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import time
-from typing import Any, Callable, Dict, Literal, Optional, Tuple, get_args
+from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Union, get_args
 
 from torch import Tensor
 
 from .jit_backends import EagerBackend, InductorBackend, XlaBackend
 from .jit_backends.donation import donation_error, make_entry, short_repr
-from .pytree import tree_is_leaf
+from .pytree import tree_is_leaf, tree_leaves_with_path
 
 __all__ = ["Backend", "Donate", "Jitted", "Tracer", "jit"]
 
@@ -74,6 +82,71 @@ _MSG_NOT_A_PYTREE = (
 )
 
 
+_MSG_STATIC_TENSOR = (
+    "jit(static_argnums / static_argnames) marks {which} static, but the call passes a tensor there{at}. A static "
+    "argument is a Python value baked into the compiled function (a new value compiles again); tensors are "
+    "traced. Pass the tensor as an ordinary argument: drop it from static_argnums / static_argnames."
+)
+
+
+def _as_tuple(value: Union[None, int, str, Sequence[Any]]) -> Tuple[Any, ...]:
+    return () if value is None else (value,) if isinstance(value, (int, str)) else tuple(value)
+
+
+def _parameters(fn: Callable) -> Optional[list]:
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check against
+        return None
+
+
+def _static_args(fn: Callable, argnums: Any, argnames: Any) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
+    """JAX's `static_argnums` / `static_argnames` checked against `fn`'s signature, each completed from
+    the other as `jax.jit` does (a positional-or-keyword parameter may be passed either way)."""
+    nums, names = _as_tuple(argnums), _as_tuple(argnames)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in nums):
+        raise TypeError(f"jit(static_argnums=...) takes an int or a sequence of ints, got {argnums!r}.")
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"jit(static_argnames=...) takes a str or a sequence of strs, got {argnames!r}.")
+    params = _parameters(fn)
+    if params is None:
+        return nums, names
+    name = getattr(fn, "__name__", type(fn).__name__)
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    nums = tuple(n + len(positional) if n < 0 else n for n in nums)
+    for n in nums:
+        if not varargs and not 0 <= n < len(positional):
+            raise ValueError(f"jit(static_argnums={argnums!r}): {name} takes {len(positional)} positional "
+                             f"argument(s) ({', '.join(p.name for p in positional)}), so there is no argument {n}.")
+    keyword = {p.name: i for i, p in enumerate(params) if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        for arg in names:
+            if arg not in keyword:
+                close = difflib.get_close_matches(arg, list(keyword), n=1)
+                raise ValueError(f"jit(static_argnames={argnames!r}): {name} has no parameter {arg!r} "
+                                 f"(it has {', '.join(keyword) or 'none'}).{f' Did you mean {close[0]!r}?' if close else ''}")
+    names += tuple(p.name for i, p in enumerate(positional) if i in nums and p.kind == p.POSITIONAL_OR_KEYWORD)
+    nums += tuple(keyword[n] for n in names if n in keyword and keyword[n] < len(positional))
+    return tuple(sorted(set(nums))), tuple(sorted(set(names)))
+
+
+def _donate_from_jax(fn: Callable, donate: str, argnums: Any, argnames: Any) -> str:
+    """`donate` from JAX's `donate_argnums` / `donate_argnames`: the first positional argument is "state"."""
+    nums, names = _as_tuple(argnums), _as_tuple(argnames)
+    if not nums and not names:
+        return donate
+    params = _parameters(fn)
+    first = params[0].name if params and params[0].kind in (params[0].POSITIONAL_ONLY,
+                                                           params[0].POSITIONAL_OR_KEYWORD) else None
+    if set(nums) - {0} or (names and (first is None or set(names) != {first})):
+        given = ", ".join(f"{k}={v!r}" for k, v in (("donate_argnums", argnums), ("donate_argnames", argnames))
+                          if v is not None)
+        raise ValueError(f"jit({given}): ember donates only the first positional argument (the state), with "
+                         f"donate='state'. Put the state first and pass donate='state', or drop {given}.")
+    return "state"
+
+
 def _choice_error(arg: str, value: Any, choices: Tuple[str, ...]) -> ValueError:
     valid = ", ".join(repr(c) for c in choices)
     return ValueError(f"jit({arg}=...) must be one of {valid}; got {value!r}.")
@@ -86,11 +159,13 @@ class Jitted:
         fn: the wrapped function.
         backend: `"eager"`, `"inductor"` or `"xla"`.
         donate: `"none"` or `"state"`.
+        static: `(argnums, argnames)` of the arguments that must hold no tensor (JAX's static arguments).
     """
 
     def __init__(self, fn: Callable, *, backend: Backend, donate: Donate, mode: Optional[str],
-                 options: Optional[Dict[str, Any]], deterministic: bool, tracer: Tracer) -> None:
-        self.fn, self.backend, self.donate = fn, backend, donate
+                 options: Optional[Dict[str, Any]], deterministic: bool, tracer: Tracer,
+                 static: Tuple[Tuple[int, ...], Tuple[str, ...]] = ((), ())) -> None:
+        self.fn, self.backend, self.donate, self.static = fn, backend, donate, static
         entry = make_entry(fn, donate)
         if backend == "inductor":
             self._backend: Any = InductorBackend(entry, donate=donate, mode=mode, options=options,
@@ -127,6 +202,8 @@ class Jitted:
             if not (isinstance(state, Tensor) or not tree_is_leaf(state)):
                 raise TypeError(_MSG_NOT_A_PYTREE.format(got=f"{type(state).__module__}."
                                                              f"{type(state).__qualname__}"))
+        if self.static != ((), ()):
+            self._check_static(args, kwargs)
         before = self.compile_count
         start = time.perf_counter()
         out, ok = self._backend(args, kwargs)
@@ -135,6 +212,17 @@ class Jitted:
         if not ok:
             raise donation_error(state, out)
         return out
+
+
+    def _check_static(self, args: tuple, kwargs: dict) -> None:
+        nums, names = self.static
+        given = [(f"argument {i}", args[i]) for i in nums if i < len(args)]
+        given += [(f"argument {n!r}", kwargs[n]) for n in names if n in kwargs]
+        for which, value in given:
+            for path, leaf in tree_leaves_with_path(value):
+                if isinstance(leaf, Tensor):
+                    at = f" (leaf {path!r})" if path else ""
+                    raise TypeError(_MSG_STATIC_TENSOR.format(which=which, at=at))
 
 
 def jit(
@@ -146,6 +234,10 @@ def jit(
     options: Optional[Dict[str, Any]] = None,
     deterministic: bool = True,
     tracer: Tracer = "make_fx",
+    static_argnums: Union[None, int, Sequence[int]] = None,
+    static_argnames: Union[None, str, Sequence[str]] = None,
+    donate_argnums: Union[None, int, Sequence[int]] = None,
+    donate_argnames: Union[None, str, Sequence[str]] = None,
 ) -> Any:
     """Prepare `fn` to run eagerly, under Inductor, or under torch_xla, optionally donating its state.
 
@@ -163,6 +255,12 @@ def jit(
         tracer: inductor only: `"make_fx"` traces plain-tensor calls once per signature and hands
             the graph to Inductor (DTensor or grad-requiring inputs still go through Dynamo);
             `"dynamo"` sends every call through `torch.compile(fullgraph=True)`.
+        static_argnums: JAX's spelling; the positional arguments that are static (Python values baked
+            in, a new value compiles again; ember treats every non-tensor argument so): checked to hold
+            no tensor.
+        static_argnames: the same by parameter name.
+        donate_argnums: JAX's spelling of `donate`: `0` (the state) is `donate="state"`.
+        donate_argnames: the same by name: the first parameter's name is `donate="state"`.
 
     Returns:
         A `Jitted` callable with the signature of `fn`, exposing `compile_count` and
@@ -170,8 +268,10 @@ def jit(
 
     Raises:
         ValueError: a choice is not valid, or Inductor-only arguments are given for another
-            backend, or both `mode` and `options` are given.
-        TypeError: `fn` is not callable or is already a `Jitted`.
+            backend, or both `mode` and `options` are given, or a static argument `fn` does not
+            have, or a donated argument other than the first.
+        TypeError: `fn` is not callable or is already a `Jitted` (at a call: a static argument
+            holds a tensor).
         ImportError: `backend="xla"` and torch_xla is not installed (the message says how).
 
     Example:
@@ -181,6 +281,12 @@ def jit(
         >>> double(torch.ones(2)).tolist(), double.compile_count
         ([2.0, 2.0], 0)
     """
+    if fn is not None and (donate_argnums is not None or donate_argnames is not None):
+        jax_donate = _donate_from_jax(fn, "none", donate_argnums, donate_argnames)
+        if donate not in ("none", jax_donate):
+            raise ValueError(f"jit got donate={donate!r} and donate_argnums / donate_argnames meaning "
+                             f"donate={jax_donate!r} (JAX's spelling of donate); pass only one.")
+        donate = jax_donate  # type: ignore[assignment]
     for arg, value, choices in (("backend", backend, _BACKENDS), ("donate", donate, _DONATES),
                                 ("tracer", tracer, _TRACERS)):
         if value not in choices:
@@ -200,7 +306,9 @@ def jit(
         )
     if fn is None:
         return functools.partial(jit, backend=backend, donate=donate, mode=mode, options=options,
-                                 deterministic=deterministic, tracer=tracer)
+                                 deterministic=deterministic, tracer=tracer, static_argnums=static_argnums,
+                                 static_argnames=static_argnames, donate_argnums=donate_argnums,
+                                 donate_argnames=donate_argnames)
     if isinstance(fn, Jitted):
         raise TypeError(
             f"jit got a function that is already jitted ({fn!r}); wrapping twice would compile "
@@ -208,5 +316,9 @@ def jit(
         )
     if not callable(fn):
         raise TypeError(f"jit(fn) expects a callable, got {type(fn).__name__} {short_repr(fn)}.")
+    static = _static_args(fn, static_argnums, static_argnames)
+    if donate == "state" and 0 in static[0]:
+        raise ValueError("jit(donate='state') donates the first argument, which static_argnums marks static (a "
+                         "Python value, not a tensor state); drop 0 from static_argnums or the donation.")
     return Jitted(fn, backend=backend, donate=donate, mode=mode, options=options,
-                  deterministic=deterministic, tracer=tracer)
+                  deterministic=deterministic, tracer=tracer, static=static)

@@ -267,32 +267,59 @@ def value_and_grad(fn: Callable, argnums: Argnums = 0, *, has_aux: bool = False)
     return value_and_grad_fn
 
 
+class _NotGiven:
+    """The default of an optional alias argument (JAX's spelling of an ember argument)."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN: Any = _NotGiven()
+
+
+def _alias(name: str, value: Any, default: Any, jax_name: str, jax_value: Any) -> Any:
+    """`value`, or `jax_value` when the JAX spelling was given (a top-level list becomes a tuple, as JAX reads it)."""
+    if jax_value is _NOT_GIVEN:
+        return value
+    if value is not default:
+        raise ValueError(f"vmap got both {name}={value!r} and {jax_name}={jax_value!r}, which are one argument "
+                         f"({jax_name} is JAX's spelling of {name}); pass only one.")
+    return tuple(jax_value) if isinstance(jax_value, list) else jax_value
+
+
 def vmap(
     fn: Callable,
     in_dims: Union[int, None, Sequence[Any]] = 0,
-    out_dims: Union[int, Sequence[Any]] = 0,
+    out_dims: Union[int, None, Sequence[Any]] = 0,
     *,
     randomness: Randomness = "error",
     chunk_size: Optional[int] = None,
+    in_axes: Union[int, None, Sequence[Any]] = _NOT_GIVEN,
+    out_axes: Union[int, None, Sequence[Any]] = _NOT_GIVEN,
 ) -> Callable:
     """Vectorise `fn` over a dimension of its inputs (`torch.func.vmap`).
 
-    Inputs and outputs may be pytrees; `in_dims` / `out_dims` are an int, `None` (not mapped,
-    for `in_dims`) or a pytree prefix of the arguments / outputs, exactly as in `torch.func.vmap`.
+    Inputs and outputs may be pytrees; `in_dims` / `out_dims` are an int, `None` (not mapped) or a
+    pytree prefix of the positional arguments / outputs, exactly as in `torch.func.vmap`. JAX's
+    spellings `in_axes` / `out_axes` are accepted and mean the same (a top-level list is read as a
+    tuple, as JAX does). Unlike `jax.vmap`, keyword arguments are passed through unmapped.
 
     Args:
         fn: the function to vectorise.
         in_dims: which dimension of each input to map over (`None`: broadcast the input).
-        out_dims: where the mapped dimension goes in each output.
+        out_dims: where the mapped dimension goes in each output (`None`: the output is not mapped).
         randomness: what torch's global RNG does under vmap: `"error"` (default: ember code draws
             randomness from keys, so use `vmap` over split keys instead), `"different"` or `"same"`.
         chunk_size: map this many elements at a time to bound memory (`None`: all at once).
+        in_axes: JAX's name for `in_dims` (give one of the two).
+        out_axes: JAX's name for `out_dims` (give one of the two).
 
     Returns:
         The vectorised function.
 
     Raises:
-        ValueError: `randomness` is not one of the choices, or `chunk_size` is not positive.
+        ValueError: `randomness` is not one of the choices, `chunk_size` is not positive, or both
+            spellings of one argument are given.
 
     Example:
         >>> import torch
@@ -301,6 +328,8 @@ def vmap(
         >>> per_example(torch.zeros(2), torch.tensor([[1.0, 2.0], [3.0, 4.0]])).tolist()
         [[1.0, 2.0], [3.0, 4.0]]
     """
+    in_dims = _alias("in_dims", in_dims, 0, "in_axes", in_axes)
+    out_dims = _alias("out_dims", out_dims, 0, "out_axes", out_axes)
     choices = get_args(Randomness)
     if randomness not in choices:
         raise ValueError(

@@ -312,3 +312,54 @@ def test_xla_backend_without_torch_xla_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_xla", None)  # makes `import torch_xla` fail
     with pytest.raises(ImportError, match=r'pip install \"ember\[xla\]\".*brings torch 2\.9\.0'):
         jit(lambda x: x, backend="xla")
+
+
+# ---- JAX's spellings -------------------------------------------------------------------------
+
+
+def _scale(x, n, *, mode="mul"):
+    return x * n if mode == "mul" else x + n
+
+
+def test_static_argnums_bake_the_value_in_and_a_new_value_compiles_again():
+    f = jit(_scale, backend="inductor", static_argnums=1, static_argnames="mode")
+    assert f.static == ((1,), ("mode", "n"))  # completed from each other, as jax.jit does
+    x = torch.arange(3.0)
+    assert f(x, 2).tolist() == [0.0, 2.0, 4.0] and f.compile_count == 1
+    assert f(x + 1, 2).tolist() == [2.0, 4.0, 6.0] and f.compile_count == 1  # same value: same graph
+    assert f(x, 3).tolist() == [0.0, 3.0, 6.0] and f.compile_count == 2  # new value: compiled again
+    assert f(x, n=3, mode="add").tolist() == [3.0, 4.0, 5.0] and f.compile_count == 3
+
+
+JAX_SPELLING_ERRORS = [  # (jit kwargs, exception, message)
+    (dict(static_argnums=2), ValueError, r"static_argnums=2\): _scale takes 2 positional argument\(s\) \(x, n\), so "
+                                         r"there is no argument 2"),
+    (dict(static_argnames="mod"), ValueError, r"_scale has no parameter 'mod' \(it has x, n, mode\)\. Did you mean 'mode'"),
+    (dict(static_argnums="n"), TypeError, r"static_argnums=\.\.\.\) takes an int or a sequence of ints, got 'n'"),
+    (dict(donate_argnums=1), ValueError, r"jit\(donate_argnums=1\): ember donates only the first positional argument "
+                                         r"\(the state\), with donate='state'"),
+    (dict(donate_argnames="n"), ValueError, r"jit\(donate_argnames='n'\): ember donates only the first"),
+    (dict(donate="state", static_argnums=0), ValueError, r"donate='state'\) donates the first argument, which "
+                                                          r"static_argnums marks static"),
+]
+
+
+@pytest.mark.parametrize("kwargs, exc, match", JAX_SPELLING_ERRORS,
+                         ids=["argnum-range", "argname-typo", "argnums-type", "donate-second", "donate-name",
+                              "donate-static"])
+def test_jax_spelling_errors_name_the_fix(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        jit(_scale, backend="eager", **kwargs)
+
+
+def test_donate_argnums_zero_is_donate_state_and_static_tensors_are_refused():
+    for kwargs in (dict(donate_argnums=0), dict(donate_argnames="x"), dict(donate_argnums=(0,), donate="state")):
+        assert jit(_scale, backend="eager", **kwargs).donate == "state"
+    assert jit(backend="eager", donate_argnums=0)(_scale).donate == "state"  # the decorator form
+    f = jit(_scale, backend="eager", static_argnums=1)
+    assert f(torch.ones(2), 2).tolist() == [2.0, 2.0]
+    with pytest.raises(TypeError, match=r"marks argument 1 static, but the call passes a tensor there\. A static "
+                                        r"argument is a Python value baked into the compiled function"):
+        f(torch.ones(2), torch.tensor(2.0))
+    with pytest.raises(TypeError, match=r"marks argument 'n' static, but the call passes a tensor there \(leaf 'a'\)"):
+        f(torch.ones(2), n={"a": torch.tensor(2.0)})

@@ -262,3 +262,18 @@ def test_vmap_out_dims_and_randomness_choices():
 def test_vmap_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         vmap(lambda r: r, **kwargs)
+
+
+def test_vmap_takes_jax_spellings_in_axes_and_out_axes():
+    w, xs = torch.tensor([1.0, 2.0]), torch.arange(6.0).reshape(3, 2)
+    f = lambda w, x: (w * x, w.sum())  # noqa: E731
+    want = vmap(f, in_dims=(None, 0), out_dims=(1, None))(w, xs)
+    for got in (vmap(f, in_axes=(None, 0), out_axes=(1, None))(w, xs),
+                vmap(f, in_axes=[None, 0], out_axes=(1, None))(w, xs)):  # JAX reads a top-level list as a tuple
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[0].shape == (2, 3)
+    tree = vmap(lambda d: d["a"] + d["b"], in_axes=({"a": 0, "b": None},))({"a": xs, "b": w})  # a pytree prefix
+    assert torch.equal(tree, xs + w)
+    with pytest.raises(ValueError, match=r"vmap got both in_dims=1 and in_axes=0.*in_axes is JAX's spelling of in_dims"):
+        vmap(f, 1, in_axes=0)
+    with pytest.raises(ValueError, match=r"vmap got both out_dims=1 and out_axes=0"):
+        vmap(f, out_dims=1, out_axes=0)
