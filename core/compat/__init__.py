@@ -1,12 +1,12 @@
 """The one place where ember touches torch / torch_xla / jax internals, each entry with its reason.
 
 Every private name ember uses is reached through a module of this package, and every module is
-listed in `WORKAROUNDS` with the upstream issue it works around, the torch versions on which it was
-measured to be needed and to work, and the test that fails when a newer release makes it
-unnecessary or breaks it (`tests/core/test_compat*.py`).
+listed in `WORKAROUNDS` with the upstream issue it works around, the range of torch releases it is
+on for (each end measured to need it), the releases where it was measured, and the test that fails
+when a newer release makes it unnecessary or breaks it (`tests/core/test_compat*.py`).
 
 Entries of kind "patch" change what torch does. They run only inside ember's own compiles, only
-on the versions they were measured on, and only while `EMBER_DISABLE_PATCHES` (a comma-separated
+inside their range, and only while `EMBER_DISABLE_PATCHES` (a comma-separated
 list of names, or `all`) does not name them. A patch that fails is dropped with one warning and
 the plain path runs (`compiling_with`). Entries of kind "access" only read a private name that
 has no public equivalent yet; where that name is gone they fall back or say what is missing.
@@ -28,6 +28,8 @@ __all__ = [
     "Workaround",
     "check_torch_version",
     "compiling_with",
+    "gated_on",
+    "measured_here",
     "patch_enabled",
     "torch_minor",
     "warn_once",
@@ -40,59 +42,68 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class Workaround:
-    """One use of another project's internals: why, where it was measured, what tests it."""
+    """One use of another project's internals: why, for which torch releases, what tests it.
+
+    `torch` is the inclusive range of minor releases it is on for; both ends are among `measured`.
+    `measured` lists every release where its test was run: inside the range it was needed there,
+    outside it was not. Elsewhere (inside the range but unmeasured) the tests check only results.
+    """
 
     name: str
     kind: str  # "patch" (changes torch's behaviour inside ember's compiles) or "access"
     upstream: str  # the upstream issue or gap it works around
-    torch: Tuple[str, ...]  # torch minor versions where it was measured to be needed and to work
+    torch: Tuple[str, str]  # (first, last) torch minor release it is on for, both measured
+    measured: Tuple[str, ...]  # the minor releases where its need was measured
     test: str  # the test that fails once a release makes it unnecessary or breaks it
 
 
 _TESTS = "tests/core/test_compat.py"
+_TESTED_RANGE = ("2.9", "2.15")  # on for the whole range: measured needed at both ends and between
+_MEASURED = ("2.9", "2.13", "2.14", "2.15")  # CI's three lines, and 2.14.1 by hand
 
 WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     # Inductor builds one shared library per CPU kernel (a g++ run each, mostly PCH load and link).
     # No upstream issue asks to batch them; the nearest are pytorch/pytorch#144293 (precompiled
     # header) and #147323 (splitting one huge translation unit).
     Workaround("cpp_kernel_batching", "patch", "https://github.com/pytorch/pytorch/pull/144293",
-               ("2.9", "2.15"), "tests/core/test_compat_inductor_batching.py"),
-    # torch 2.15's own lifetimes free a matmul output before the donated write (measured).
+               _TESTED_RANGE, _MEASURED, "tests/core/test_compat_inductor_batching.py"),
+    # torch 2.13 to 2.15's own lifetimes free a matmul output before the donated write (measured).
     Workaround("frees_after_last_read", "patch", "https://github.com/pytorch/pytorch/pull/196664",
-               ("2.9",), "tests/core/test_compat_inductor_frees.py"),
+               ("2.9", "2.9"), _MEASURED, "tests/core/test_compat_inductor_frees.py"),
     # Queued `allgather_into_tensor_coalesced` works of gloo corrupt the heap (measured on both:
     # the plain-torch repro in its test aborts); nearest upstream report: the async gloo
     # allgather_coalesced crash, pytorch/pytorch#65237 (closed with the test disabled, #65231).
     Workaround("gloo_all_gather_out", "patch", "https://github.com/pytorch/pytorch/issues/65237",
-               ("2.9", "2.15"), "tests/core/test_compat_gloo_all_gather.py"),
-    # torch 2.15 leaves a `.load_ok` marker per passed check itself (measured: 0 probes warm).
+               _TESTED_RANGE, _MEASURED, "tests/core/test_compat_gloo_all_gather.py"),
+    # torch 2.14 and 2.15 leave a `.load_ok` marker per passed check themselves (measured: 0 probes
+    # warm); 2.13 repeats every probe in each process (measured: 6 and 6).
     Workaround("vec_isa_probe_memo", "patch", "https://github.com/pytorch/pytorch/issues/140970",
-               ("2.9",), f"{_TESTS}::test_isa_memo_is_needed_exactly_where_gated"),
+               ("2.9", "2.13"), _MEASURED, f"{_TESTS}::test_isa_memo_is_needed_exactly_where_gated"),
     # pytorch/pytorch#179290 (select, fixed by #179318), #159856 (norm of Partial), #163879
     # (logsumexp), #120333 (SDPA: the CUDA op only; the CPU op has no rule).
     Workaround("dtensor_rules", "patch", "https://github.com/pytorch/pytorch/issues/179290",
-               ("2.9", "2.15"), f"{_TESTS}::test_dtensor_rules_are_still_missing"),
+               _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_dtensor_rules_are_still_missing"),
     # `torch.compiler.nested_compile_region` acts only under Dynamo; under make_fx it is a plain
     # call (nearest upstream report: reuse of its subgraphs outside torch.compile, #195005).
     Workaround("shared_subgraph", "patch", "https://github.com/pytorch/pytorch/issues/195005",
-               ("2.9", "2.15"), "tests/core/test_shared_call.py::test_nested_compile_region_still_inlines_under_make_fx"),
+               _TESTED_RANGE, _MEASURED, "tests/core/test_shared_call.py::test_nested_compile_region_still_inlines_under_make_fx"),
     # No public API hands a graph traced outside Dynamo to Inductor (pytorch/pytorch#188734, open).
     Workaround("fake_tracing", "access", "https://github.com/pytorch/pytorch/pull/188734",
-               ("2.9", "2.15"), f"{_TESTS}::test_traced_inductor_names_exist"),
+               _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_traced_inductor_names_exist"),
     Workaround("functorch_levels", "access", "https://github.com/pytorch/pytorch/issues/122729",
-               ("2.9", "2.15"), f"{_TESTS}::test_checkpoint_still_fails_under_func_grad"),
+               _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_checkpoint_still_fails_under_func_grad"),
     Workaround("pytree", "access", "https://github.com/pytorch/pytorch/issues/65761",
-               ("2.9", "2.15"), f"{_TESTS}::test_pytree_has_no_public_module"),
+               _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_pytree_has_no_public_module"),
     Workaround("dynamo_counters", "access", "https://github.com/pytorch/pytorch/pull/185782",
-               ("2.9", "2.15"), f"{_TESTS}::test_traced_inductor_names_exist"),
+               _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_traced_inductor_names_exist"),
     # A forward-only rolled loop (torch_xla's scan without its AOTAutograd backward), which the
     # scan RFC plans to replace with torch's scan operator (pytorch/xla#8620).
     Workaround("xla_while_loop", "access", "https://github.com/pytorch/xla/issues/8620",
-               ("2.9",), "tests/step_fns/test_train_step_xla.py"),
+               ("2.9", "2.9"), ("2.9",), "tests/step_fns/test_train_step_xla.py"),
     Workaround("torch_xla_internals", "access", "https://github.com/pytorch/xla/issues/9276",
-               ("2.9",), "tests/core/test_jit_xla.py"),
+               ("2.9", "2.9"), ("2.9",), "tests/core/test_jit_xla.py"),
     Workaround("jax_backend_state", "access", "https://github.com/jax-ml/jax/issues/18237",
-               ("2.9", "2.15"), "tests/core/test_checkpoint_mesh.py"),
+               _TESTED_RANGE, _MEASURED, "tests/core/test_checkpoint_mesh.py"),
 )}
 
 
@@ -100,6 +111,22 @@ def torch_minor() -> str:
     """`"2.15"` for torch 2.15.0+cu132: the release line a workaround was measured on."""
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     return f"{major}.{minor}"
+
+
+def _as_tuple(minor: str) -> Tuple[int, int]:
+    major, minor_ = minor.split(".")[:2]
+    return int(major), int(minor_)
+
+
+def gated_on(name: str) -> bool:
+    """Whether workaround `name`'s range holds this torch (ignoring `EMBER_DISABLE_PATCHES`)."""
+    first, last = WORKAROUNDS[name].torch
+    return _as_tuple(first) <= _as_tuple(torch_minor()) <= _as_tuple(last)
+
+
+def measured_here(name: str) -> bool:
+    """Whether workaround `name`'s need was measured on this torch release (tests assert it only then)."""
+    return torch_minor() in WORKAROUNDS[name].measured
 
 
 _warned: set = set()
@@ -131,10 +158,9 @@ _failed: set = set()  # patches that broke a compile in this process
 
 
 def patch_enabled(name: str) -> bool:
-    """Whether patch `name` runs here: measured on this torch, not disabled, not failed before."""
+    """Whether patch `name` runs here: this torch in its range, not disabled, not failed before."""
     disabled = {n.strip() for n in os.environ.get("EMBER_DISABLE_PATCHES", "").split(",")}
-    return (torch_minor() in WORKAROUNDS[name].torch and name not in _failed
-            and not disabled & {name, "all"})
+    return gated_on(name) and name not in _failed and not disabled & {name, "all"}
 
 
 def compiling_with(patches: Sequence[Tuple[str, Callable[[], ContextManager]]],

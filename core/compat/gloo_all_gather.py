@@ -1,6 +1,6 @@
 """All-gathers over gloo in ember's compiled graphs go through `_allgather_base`, not the coalesced work.
 
-A patch (`WORKAROUNDS["gloo_all_gather_out"]`), on inside ember's own compiles on torch 2.9 and 2.15.
+A patch (`WORKAROUNDS["gloo_all_gather_out"]`), on inside ember's own compiles on torch 2.9 to 2.15.
 `_c10d_functional.all_gather_into_tensor` (what DTensor's Shard -> Replicate emits, so every FSDP
 parameter gather of a compiled DTensor step) reaches gloo as `allgather_into_tensor_coalesced`,
 whose work corrupts the host heap when several of them are queued at once: glibc then aborts a

@@ -1,6 +1,6 @@
 """Build one Inductor graph's C++ kernels as a few shared libraries instead of one library each.
 
-A patch (`WORKAROUNDS["cpp_kernel_batching"]`): on inside ember's own CPU compiles, on torch 2.9 and
+A patch (`WORKAROUNDS["cpp_kernel_batching"]`): on inside ember's own CPU compiles, on torch 2.9 to
 2.15, where it shortens the first call (BENCHMARKS.md). Inductor compiles every CPU kernel of a
 graph as its own translation unit: one `g++` run each, and on this 2-core machine nearly all of a
 run's 0.5 s goes to loading the 120 MB precompiled header and linking, not to the kernel. The tiny

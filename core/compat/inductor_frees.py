@@ -1,8 +1,8 @@
 """Free an Inductor buffer after its last read, not after the last write into a donated input.
 
 A patch (`WORKAROUNDS["frees_after_last_read"]`), on inside ember's own compiles on torch 2.9 only:
-torch 2.15's scheduler already frees these buffers after their last read (measured by its test). A
-donated step ends by copying the new params and optimizer state into its inputs. Inductor orders
+torch 2.13 to 2.15's schedulers already free these buffers after their last read (measured by its
+test). A donated step ends by copying the new params and optimizer state into its inputs. Inductor orders
 every such in-place write after all earlier reads of that input with a `WeakDep` from the writing
 node to the *outputs* of each reading node, and torch 2.9's `Scheduler.compute_last_usage` counts
 those `WeakDep`s as uses: every buffer computed by a node that reads a parameter (each matmul's

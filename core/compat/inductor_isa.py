@@ -1,7 +1,7 @@
 """Remember, per machine, which of Inductor's CPU vector-ISA probes passed, so later processes skip them.
 
-A patch (`WORKAROUNDS["vec_isa_probe_memo"]`), on inside ember's own CPU compiles on torch 2.9 only:
-torch 2.15 leaves a marker per passed check itself (measured by its test). Before its first CPU
+A patch (`WORKAROUNDS["vec_isa_probe_memo"]`), on inside ember's own CPU compiles on torch 2.9 to 2.13:
+torch 2.14 and 2.15 leave a marker per passed check themselves (measured by its test). Before its first CPU
 kernel, every process running Inductor checks each ISA the CPU reports (AVX2, AVX-512, and where
 present AVX-512-BF16, AMX, AMX-FP16) by building a tiny program (cached on disk) and loading it in a
 fresh Python subprocess that imports torch, to prove the compiler and CPU agree: one subprocess per

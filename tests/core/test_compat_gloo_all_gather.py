@@ -13,11 +13,10 @@ import uuid
 
 import pytest
 
-from ember.core.compat import WORKAROUNDS, torch_minor
+from ember.core.compat import gated_on, measured_here, torch_minor
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = pathlib.Path(__file__).with_name("_gloo_all_gather_worker.py")
-NEEDED = torch_minor() in WORKAROUNDS["gloo_all_gather_out"].torch
 ABORTED = re.compile(r"exitcode\s*:\s*-(6|11)\b|malloc\(\)|free\(\)|corrupted")
 
 
@@ -94,8 +93,8 @@ def test_the_coalesced_gloo_all_gather_still_corrupts_the_heap():
     6 runs, 8 or 16 gathers in flight. If none aborts on a gated torch, that release may have fixed
     it: confirm with more runs, then drop the version from the gate (and the module once no gated
     torch is left)."""
-    if not NEEDED:
-        pytest.skip(f"the patch is not gated on torch {torch_minor()}")
+    if not (gated_on("gloo_all_gather_out") and measured_here("gloo_all_gather_out")):
+        pytest.skip(f"the bug was not measured on torch {torch_minor()}: the tests above check the fix")
     outcomes = []
     for attempt in range(6):
         try:
@@ -108,4 +107,4 @@ def test_the_coalesced_gloo_all_gather_still_corrupts_the_heap():
             assert ABORTED.search(proc.stdout + proc.stderr), _tail(proc)  # an abort, not another error
             return
     pytest.fail(f"6 runs of the repro did not abort ({outcomes}): torch {torch_minor()} may have fixed the "
-                f"coalesced gloo all-gather; check, then drop it from WORKAROUNDS['gloo_all_gather_out'].torch")
+                f"coalesced gloo all-gather; check, then end WORKAROUNDS['gloo_all_gather_out'].torch before it")

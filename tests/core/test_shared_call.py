@@ -5,6 +5,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.core import jit
+from ember.core.compat import measured_here
 from ember.core.shared_call import shared_call
 from ember.core.transforms import remat, value_and_grad
 
@@ -24,6 +25,8 @@ def _mlp(p, x):
 
 def test_nested_compile_region_still_inlines_under_make_fx():
     """When torch's public marker emits its subgraph under make_fx, drop the `shared_subgraph` patch for it."""
+    if not measured_here("shared_subgraph"):
+        pytest.skip("not measured on this torch: the tests below check the shared bodies")
     region = torch.compiler.nested_compile_region(lambda x: torch.sin(x) * 2)
     gm = make_fx(lambda x: region(region(x)), tracing_mode="fake")(torch.ones(3))
     assert not any("invoke_subgraph" in str(n.target) for n in gm.graph.nodes)
