@@ -22,6 +22,7 @@ from .config import DataConfig as DataConfig
 from .config import TorchBatches as TorchBatches
 from .config import build_batches as build_batches
 from .config import build_tokenizer as build_tokenizer
+from .config import corpus_note as corpus_note
 from .hf_disk import HFTextColumn as HFTextColumn
 from .hf_disk import hf_text_from_disk as hf_text_from_disk
 from .iterator import PipelineIterator as PipelineIterator
@@ -76,6 +77,7 @@ __all__ = [
     "build_batches",
     "build_tokenizer",
     "collator",
+    "corpus_note",
     "ensure_absl_flags_parsed",
     "get_collator",
     "hf_text_from_disk",

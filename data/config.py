@@ -1,6 +1,6 @@
 """`DataConfig`, the data section of a run config, and the tokenizer and batches it builds.
 
-Public names: `DataConfig`, `build_tokenizer`, `build_batches`.
+Public names: `DataConfig`, `build_tokenizer`, `build_batches`, `corpus_note`.
 
 These are the data half of `launch/train.py`, importable so a user's own script builds the same
 data in two lines instead of copying the launcher.
@@ -25,10 +25,11 @@ from .iterator import PipelineIterator
 from .model_tokenizer import load_model_tokenizer
 from .pipeline import make_pipeline
 from .sft import make_sft_pipeline
-from .sources import check_source_kind, load_source
+from .sources import check_source_kind, load_source, source_kind
+from .text_files import text_files
 from .tokenizers import ByteTokenizer, Tokenizer
 
-__all__ = ["DataConfig", "TorchBatches", "build_batches", "build_tokenizer"]
+__all__ = ["DataConfig", "TorchBatches", "build_batches", "build_tokenizer", "corpus_note"]
 
 Split = Literal["train", "eval"]
 
@@ -40,9 +41,11 @@ class DataConfig:
     source: Literal["stdlib", "text", "bin", "hf", "sft"] = "stdlib"
     """stdlib: the running Python's own standard library sources (no download); text: files or a
     glob at `path`; bin: a nanoGPT-style token .bin memmap; hf: a Hugging Face dataset saved to disk;
-    sft: a JSONL file of conversations or prompt/completion pairs, packed, the loss on replies only."""
+    sft: a JSONL file of conversations or prompt/completion pairs, packed, the loss on replies only.
+    Left at stdlib with a data.path, the path decides: .bin -> bin, a save_to_disk folder -> hf, else
+    text (a .jsonl path must name its source: sft or text)."""
     path: Optional[str] = None
-    """Path for text / bin / hf sources."""
+    """Path for text / bin / hf / sft sources."""
     tokenizer: Literal["bytes", "bpe", "model"] = "bytes"
     """bytes: 256 byte values (+ EOS); bpe: a byte-level BPE trained locally on the corpus; model: the
     `tokenizer.json` and chat template of the model folder at `tokenizer_path`."""
@@ -51,7 +54,8 @@ class DataConfig:
     vocab_size: int = 512
     """Vocabulary size of the BPE tokenizer (ignored for bytes)."""
     max_bytes: Optional[int] = 4_000_000
-    """Cap on corpus bytes read (stdlib/text), to keep start-up fast; None reads everything."""
+    """Cap on corpus bytes read (stdlib: whole files; text: the first bytes), to keep start-up fast; None reads
+    everything."""
     seq_len: int = 128
     """Tokens per training window."""
     overflow: Literal["truncate", "error"] = "truncate"
@@ -68,6 +72,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_fields(self, "data.", vocab_size=positive_int, max_bytes=optional(positive_int), seq_len=positive_int,
                      batch_size=positive_int, num_workers=non_negative_int, seed=non_negative_int)
+        if self.source == "stdlib" and self.path is not None:  # stdlib reads no path: the path names the source
+            if str(self.path).endswith(".jsonl"):
+                raise ValueError(f"data.path={self.path!r} is JSONL but data.source is stdlib, which reads no path; "
+                                 f"pass --data.source sft (conversations) or --data.source text (plain text).")
+            object.__setattr__(self, "source", source_kind(self.path))
 
 
 def _source(cfg: DataConfig, split: Split) -> Any:
@@ -80,6 +89,21 @@ def _source(cfg: DataConfig, split: Split) -> Any:
         )
     check_source_kind(cfg.source, cfg.path)
     return load_source(cfg.path, split=split, max_bytes=cfg.max_bytes)
+
+
+def corpus_note(cfg: DataConfig) -> Optional[str]:
+    """A line for the console when `max_bytes` leaves part of a text corpus unread, else None."""
+    if cfg.source != "text" or cfg.path is None or cfg.max_bytes is None:
+        return None
+    try:
+        docs = text_files(cfg.path, max_bytes=cfg.max_bytes)  # sizes only: nothing is read
+    except FileNotFoundError:
+        return None
+    if not docs.unread_bytes:
+        return None
+    read = docs.total_bytes()
+    return (f"data: reading the first {read / 1e6:.1f} MB of the {(read + docs.unread_bytes) / 1e6:.1f} MB at "
+            f"{cfg.path} (data.max_bytes={cfg.max_bytes}); --data.max_bytes None reads it all")
 
 
 def build_tokenizer(cfg: DataConfig) -> Tokenizer:

@@ -65,7 +65,7 @@ def load_source(
             dataset directory, or a text file / directory / glob.
         split: for "stdlib": "train", "eval" or "all"; for a Hugging Face `DatasetDict`: the split
             name ("all" is not valid there).
-        max_bytes: for "stdlib": cap on the corpus size.
+        max_bytes: for "stdlib" and text: cap on the bytes read (see `stdlib_corpus`, `TextFiles`).
         bin_dtype: for `.bin` files: "uint16" or "uint32".
         field: for Hugging Face datasets: the text column.
         pattern: for a directory of text files: the glob inside it.
@@ -91,7 +91,7 @@ def load_source(
     if p.is_dir() and any((p / m).is_file() for m in _HF_MARKERS):
         return hf_text_from_disk(p, split=None if (p / "state.json").is_file() else split, field=field)
     if p.exists() or _glob.has_magic(s):
-        docs = text_files(p, pattern=pattern)
+        docs = text_files(p, pattern=pattern, max_bytes=max_bytes)
         docs.check_text()
         return docs
     raise FileNotFoundError(

@@ -3,10 +3,14 @@
 Public names:
     TextFiles: a random-access sequence of documents (str), one per file, in a fixed order.
     text_files: builds `TextFiles` from a file, a directory (with a glob pattern) or a glob.
+
+With `max_bytes`, at most that many bytes are read: whole files in order while they fit, then the
+start of the file that crosses the cap (cut at a character boundary); later files are left out.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob as _glob
 import os
 from collections.abc import Iterator, Sequence
@@ -22,11 +26,14 @@ class TextFiles(Sequence[str]):
     Args:
         paths: the files, in the order documents are yielded.
         root: the directory that `names` are relative to (default: the common parent).
+        max_bytes: read at most this many bytes in all (None: every byte of every file).
 
     Attributes:
         paths: absolute `Path`s, in order.
         names: each file's path relative to `root`, with "/" separators (stable across machines,
             used for hash-based splits).
+        limits: per file, how many bytes are read (None: all of it).
+        unread_bytes: bytes on disk that `max_bytes` leaves out (0 when nothing is cut).
 
     Example:
         >>> docs = TextFiles([])
@@ -34,12 +41,29 @@ class TextFiles(Sequence[str]):
         0
     """
 
-    def __init__(self, paths: Sequence[str | os.PathLike], *, root: str | os.PathLike | None = None) -> None:
+    def __init__(self, paths: Sequence[str | os.PathLike], *, root: str | os.PathLike | None = None,
+                 max_bytes: int | None = None) -> None:
         self.paths: list[Path] = [Path(p).absolute() for p in paths]
         if root is None:
             root = os.path.commonpath([str(p.parent) for p in self.paths]) if self.paths else "."
         self.root = Path(root).absolute()
+        self.limits: list[int | None] = [None] * len(self.paths)
+        self.unread_bytes = 0
+        if max_bytes is not None:
+            self._cap(max_bytes)
         self.names: list[str] = [_relative_name(p, self.root) for p in self.paths]
+
+    def _cap(self, max_bytes: int) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be a positive byte count or None, got {max_bytes}.")
+        sizes = [p.stat().st_size for p in self.paths]
+        left, kept = max_bytes, 0
+        while kept < len(sizes) and left > 0:
+            self.limits[kept] = None if sizes[kept] <= left else left
+            left -= min(sizes[kept], left)
+            kept += 1
+        self.unread_bytes = sum(sizes) - (max_bytes - left)
+        self.paths, self.limits = self.paths[:kept], self.limits[:kept]
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -50,19 +74,40 @@ class TextFiles(Sequence[str]):
     def __getitem__(self, index: slice) -> TextFiles: ...
     def __getitem__(self, index: int | slice) -> str | TextFiles:
         if isinstance(index, slice):
-            return TextFiles(self.paths[index], root=self.root)
-        return self.paths[index].read_bytes().decode("utf-8", errors="replace")
+            part = TextFiles(self.paths[index], root=self.root)
+            part.limits = self.limits[index]
+            return part
+        limit = self.limits[index]
+        if limit is None:
+            return self.paths[index].read_bytes().decode("utf-8", errors="replace")
+        with open(self.paths[index], "rb") as f:  # the first `limit` bytes, less a character cut in half
+            return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(f.read(limit), final=False)
+
+    def read_utf8(self, index: int, *, chunk_bytes: int = 1 << 20) -> bytes:
+        """Document `index` as UTF-8 bytes, equal to `self[index].encode()`, decoded in chunks: a str
+        of the whole file would take 4 bytes per character once it holds one emoji."""
+        limit = self.limits[index]
+        left = self.paths[index].stat().st_size if limit is None else limit
+        decoder, pieces = codecs.getincrementaldecoder("utf-8")(errors="replace"), []
+        with open(self.paths[index], "rb") as f:
+            while left > 0 and (data := f.read(min(chunk_bytes, left))):
+                left -= len(data)
+                pieces.append(decoder.decode(data, final=False).encode("utf-8"))
+        if limit is None:  # a whole file: a character cut off at its end shows as U+FFFD, as in `self[index]`
+            pieces.append(decoder.decode(b"", final=True).encode("utf-8"))
+        return b"".join(pieces)
 
     def __iter__(self) -> Iterator[str]:
         for i in range(len(self)):
             yield self[i]
 
     def __repr__(self) -> str:
-        return f"TextFiles({len(self)} files under {str(self.root)!r})"
+        capped = f", {self.unread_bytes} bytes over max_bytes left unread" if self.unread_bytes else ""
+        return f"TextFiles({len(self)} files under {str(self.root)!r}{capped})"
 
     def total_bytes(self) -> int:
-        """Returns the summed size of all files in bytes (from the file system, nothing read)."""
-        return sum(p.stat().st_size for p in self.paths)
+        """Returns the bytes that are read: the files' summed size, within `max_bytes` (nothing read)."""
+        return sum(p.stat().st_size if n is None else n for p, n in zip(self.paths, self.limits))
 
     def check_text(self, sniff_bytes: int = 8192) -> None:
         """Raise ValueError if the files hold no bytes at all, or one looks binary (a NUL byte in its
@@ -86,13 +131,14 @@ def _relative_name(path: Path, root: Path) -> str:
         return path.as_posix()
 
 
-def text_files(path: str | os.PathLike, *, pattern: str = "**/*.txt") -> TextFiles:
+def text_files(path: str | os.PathLike, *, pattern: str = "**/*.txt", max_bytes: int | None = None) -> TextFiles:
     """Collects text files from a file, a directory or a glob pattern, sorted by path.
 
     Args:
         path: a file (one document), a directory (searched with `pattern`), or a glob such as
             `"data/*.md"`.
         pattern: the glob used inside a directory (`**` recurses).
+        max_bytes: read at most this many bytes in all (see `TextFiles`); None reads everything.
 
     Returns:
         `TextFiles` over the matches in sorted order.
@@ -108,7 +154,7 @@ def text_files(path: str | os.PathLike, *, pattern: str = "**/*.txt") -> TextFil
     """
     p = Path(path)
     if p.is_file():
-        return TextFiles([p], root=p.parent)
+        return TextFiles([p], root=p.parent, max_bytes=max_bytes)
     if p.is_dir():
         matches = sorted(q for q in p.glob(pattern) if q.is_file())
         if not matches:
@@ -116,12 +162,12 @@ def text_files(path: str | os.PathLike, *, pattern: str = "**/*.txt") -> TextFil
                 f"directory {str(p)!r} has no files matching pattern={pattern!r}; expected text files "
                 f"(pass pattern='**/*' for every file, or point at one file)."
             )
-        return TextFiles(matches, root=p)
+        return TextFiles(matches, root=p, max_bytes=max_bytes)
     if _glob.has_magic(str(path)):
         matches = sorted(Path(q) for q in _glob.glob(str(path), recursive=True) if os.path.isfile(q))
         if not matches:
             raise FileNotFoundError(f"glob {str(path)!r} matches no files; expected at least one text file.")
-        return TextFiles(matches)
+        return TextFiles(matches, max_bytes=max_bytes)
     raise FileNotFoundError(
         f"text path {str(path)!r} does not exist; expected a text file, a directory of text files, "
         f"or a glob pattern such as 'corpus/**/*.txt'."

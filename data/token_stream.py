@@ -12,7 +12,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from .token_bin import token_dtype
-from .tokenizers import Tokenizer
+from .text_files import TextFiles
+from .tokenizers import ByteTokenizer, Tokenizer
 
 __all__ = ["iter_document_tokens", "tokenize_documents"]
 
@@ -25,6 +26,39 @@ def _check_tokenizer(tokenizer: object) -> None:
             f"tokenizer must follow ember.data.Tokenizer (vocab_size, eos_id, encode, decode), got "
             f"{type(tokenizer).__name__}; use ByteTokenizer(eos=True) or train_bpe(...)."
         )
+
+
+def _encoded(docs: Iterable[str], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
+    """Each document's ids, no EOS; a `ByteTokenizer`'s as uint8 (its UTF-8 bytes, not 4-byte ints)."""
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    if isinstance(tokenizer, ByteTokenizer) and isinstance(docs, TextFiles):  # files: never a whole-file str
+        for i in range(len(docs)):
+            yield np.frombuffer(docs.read_utf8(i), dtype=np.uint8)
+        return
+    if isinstance(tokenizer, ByteTokenizer):  # the same ids as its encode(), a quarter of the memory
+        for doc in docs:
+            if not isinstance(doc, str):
+                raise TypeError(f"documents must be str, got {type(doc).__name__}.")
+            yield np.frombuffer(doc.encode("utf-8"), dtype=np.uint8)
+        return
+    if encode_batch is None:
+        for doc in docs:
+            yield tokenizer.encode(doc)
+        return
+    pending: list[str] = []
+    for doc in docs:
+        if not isinstance(doc, str):
+            raise TypeError(f"documents must be str, got {type(doc).__name__}.")
+        pending.append(doc)
+        if len(pending) == _BATCH:
+            yield from encode_batch(pending)
+            pending = []
+    if pending:
+        yield from encode_batch(pending)
+
+
+def _eos(tokenizer: Tokenizer, append_eos: bool) -> int | None:
+    return tokenizer.eos_id if append_eos else None
 
 
 def iter_document_tokens(docs: Iterable[str], tokenizer: Tokenizer, *, append_eos: bool = True) -> Iterator[np.ndarray]:
@@ -42,26 +76,9 @@ def iter_document_tokens(docs: Iterable[str], tokenizer: Tokenizer, *, append_eo
         TypeError: if `tokenizer` does not follow the protocol or a document is not a string.
     """
     _check_tokenizer(tokenizer)
-    eos = np.asarray([tokenizer.eos_id], dtype=np.int32) if append_eos and tokenizer.eos_id is not None else None
-    encode_batch = getattr(tokenizer, "encode_batch", None)
-
-    def finish(ids: np.ndarray) -> np.ndarray:
-        return np.concatenate([ids, eos]) if eos is not None else ids
-
-    if encode_batch is None:
-        for doc in docs:
-            yield finish(tokenizer.encode(doc))
-        return
-    pending: list[str] = []
-    for doc in docs:
-        if not isinstance(doc, str):
-            raise TypeError(f"documents must be str, got {type(doc).__name__}.")
-        pending.append(doc)
-        if len(pending) == _BATCH:
-            yield from (finish(ids) for ids in encode_batch(pending))
-            pending = []
-    if pending:
-        yield from (finish(ids) for ids in encode_batch(pending))
+    eos = _eos(tokenizer, append_eos)
+    for ids in _encoded(docs, tokenizer):
+        yield ids.astype(np.int32) if eos is None else np.concatenate([ids, np.asarray([eos], dtype=np.int32)])
 
 
 def tokenize_documents(
@@ -72,6 +89,9 @@ def tokenize_documents(
     dtype: np.dtype | str | None = None,
 ) -> np.ndarray:
     """Encodes documents and concatenates them into one token stream.
+
+    Memory: about 2 bytes per token for the stream (uint16), plus one document's text and ids at a
+    time while encoding, plus the stream again while the documents are joined (more than one).
 
     Args:
         docs: documents (strings), for example `stdlib_corpus()` or `text_files(...)`.
@@ -92,5 +112,14 @@ def tokenize_documents(
     """
     _check_tokenizer(tokenizer)
     dt = np.dtype(dtype) if dtype is not None else token_dtype(tokenizer.vocab_size)
-    parts = [ids.astype(dt, copy=False) for ids in iter_document_tokens(docs, tokenizer, append_eos=append_eos)]
+    eos = _eos(tokenizer, append_eos)
+    parts = []
+    for ids in _encoded(docs, tokenizer):  # each document straight into the stream's dtype, EOS included
+        part = np.empty(len(ids) + (eos is not None), dtype=dt)
+        part[:len(ids)] = ids
+        if eos is not None:
+            part[-1] = eos
+        parts.append(part)
+    if len(parts) == 1:
+        return parts[0]
     return np.concatenate(parts) if parts else np.zeros((0,), dtype=dt)

@@ -57,6 +57,8 @@ def train(cfg, model, sharding, args):
         checkpointing.set_aside_steps_after(cfg, args.resume_step, main=main_rank)
     ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)
     batches = data.build_batches(cfg.data, tokenizer=tokenizer, device=device)
+    if main_rank and (note := data.corpus_note(cfg.data)):
+        print(note)
     state = checkpointing.maybe_resume(ckpt, state, batches, cfg=cfg, resume=args.resume, step=args.resume_step,
                                        model_info=info, sharding=sharding, axes=model.axes,
                                        log=print if main_rank else (lambda _: None))
