@@ -25,11 +25,17 @@ from .model import Gemma
 
 __all__ = ["gemma_config_from_hf", "gemma_config_to_hf"]
 
+_HF_DEFAULTS = {"vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
+                "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256, "max_position_embeddings": 8192,
+                "pad_token_id": 0, "tie_word_embeddings": True}
+"""transformers' `GemmaConfig` defaults that differ from `LlamaConfig`'s, for keys config.json leaves out."""
+
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu")  # transformers runs Gemma's legacy "gelu" as the tanh form
 
 
 def gemma_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> GemmaConfig:
     """The `GemmaConfig` for an HF `GemmaConfig` dict, with ember field `overrides` applied."""
+    hf = {**_HF_DEFAULTS, **hf}
     for key in ("hidden_act", "hidden_activation"):  # transformers 5 reads the first, 4.x the second
         if hf.get(key) not in (None, *_GELU_TANH):
             raise ValueError(f"config.json has {key}={hf[key]!r}, but ember's Gemma needs 'gelu_pytorch_tanh' "
@@ -39,7 +45,7 @@ def gemma_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> Ge
     if hf.get("use_bidirectional_attention"):  # saved as null by default
         raise ValueError(f"config.json has use_bidirectional_attention={hf['use_bidirectional_attention']!r}, but "
                          f"ember's Gemma needs causal attention (use_bidirectional_attention null or false).")
-    fields = llama_fields_from_hf({"tie_word_embeddings": True, **hf}, family="Gemma", pad_default=0)
+    fields = llama_fields_from_hf(hf, family="Gemma")
     fields["attn_head_dim"] = hf.get("head_dim") or fields["d_model"] // fields["n_heads"]
     return replace_config(GemmaConfig(**fields), **overrides)
 

@@ -76,14 +76,13 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Optional[RopeScaling]]:
     return float(theta), scaling
 
 
-def llama_fields_from_hf(hf: Mapping[str, Any], *, family: str = "Llama3", pad_default: Optional[int] = None
-                         ) -> Dict[str, Any]:
+def llama_fields_from_hf(hf: Mapping[str, Any], *, family: str = "Llama3") -> Dict[str, Any]:
     """The `Llama3Config` fields that every Llama-layout family (Llama, Qwen2/3, Mistral, Gemma) reads alike.
 
-    Refuses attention dropout (transformers applies it in training; ember's `family` has none).
-    `pad_default` is the family's HF `pad_token_id` when config.json leaves it out (transformers'
-    `GemmaConfig`: 0; the others: None). `partial_rotary_factor` is ignored, as these transformers
-    models ignore it with default RoPE (and fail with Llama-3.1 scaling).
+    A key config.json leaves out reads as transformers' `LlamaConfig` default; other families pass
+    `{**their_defaults, **hf}`. Refuses attention dropout (transformers applies it in training;
+    ember's `family` has none). `partial_rotary_factor` is ignored, as these transformers models
+    ignore it with default RoPE (and fail with Llama-3.1 scaling).
     """
     require_hf_value(hf, "attention_dropout", 0.0, 0.0, f"{family} (no attention dropout)")
     d, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
@@ -102,7 +101,7 @@ def llama_fields_from_hf(hf: Mapping[str, Any], *, family: str = "Llama3", pad_d
         rope_theta=theta,
         rope_scaling=scaling,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        pad_token_id=hf.get("pad_token_id", pad_default),
+        pad_token_id=hf.get("pad_token_id"),
         init_std=hf.get("initializer_range", 0.02),
     )
 

@@ -23,13 +23,17 @@ from .model import Mistral
 
 __all__ = ["mistral_config_from_hf", "mistral_config_to_hf"]
 
+_HF_DEFAULTS = {"intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                "sliding_window": 4096}
+"""transformers' `MistralConfig` defaults that differ from `LlamaConfig`'s, for keys config.json leaves out."""
+
 
 def mistral_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> MistralConfig:
     """The `MistralConfig` for an HF `MistralConfig` dict, with ember field `overrides` applied."""
+    hf = {**_HF_DEFAULTS, **hf}
     require_hf_value(hf, "hidden_act", "silu", "silu", "Mistral (SwiGLU)")
     fields = llama_fields_from_hf(hf, family="Mistral")
-    window = hf.get("sliding_window", 4096)  # transformers' MistralConfig default when config.json leaves it out
-    return replace_config(MistralConfig(**fields, sliding_window=window), **overrides)
+    return replace_config(MistralConfig(**fields, sliding_window=hf["sliding_window"]), **overrides)
 
 
 def mistral_config_to_hf(c: MistralConfig) -> Dict[str, Any]:

@@ -24,6 +24,9 @@ from .model import Qwen3
 
 __all__ = ["qwen3_config_from_hf", "qwen3_config_to_hf"]
 
+_HF_DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "max_position_embeddings": 32768, "head_dim": 128}
+"""transformers' `Qwen3Config` defaults that differ from `LlamaConfig`'s, for keys config.json leaves out."""
+
 
 def _require_full_attention(hf: Mapping[str, Any]) -> None:
     """transformers 5 windows the layers that `layer_types` marks "sliding_attention"; ember's Qwen3 has none."""
@@ -35,6 +38,7 @@ def _require_full_attention(hf: Mapping[str, Any]) -> None:
 
 def qwen3_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> Qwen3Config:
     """The `Qwen3Config` for an HF `Qwen3Config` dict, with ember field `overrides` applied."""
+    hf = {**_HF_DEFAULTS, **hf}
     require_hf_value(hf, "hidden_act", "silu", "silu", "Qwen3 (SwiGLU)")
     require_hf_value(hf, "attention_bias", False, False, "Qwen3 (no attention biases)")
     require_hf_value(hf, "use_sliding_window", False, False, "Qwen3 (full attention in every layer)")

@@ -49,10 +49,11 @@ def _hf_model(cfg_cls: str, model_cls: str, pad, **extra):
     return getattr(transformers, model_cls)(cfg)
 
 
-def _hf_gpt2(pad):
+def _hf_gpt2(pad, **extra):
     torch.manual_seed(5)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=V, n_positions=64, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager", pad_token_id=pad)
+                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager", pad_token_id=pad,
+                                  bos_token_id=1, eos_token_id=1, **extra)
     return transformers.GPT2LMHeadModel(cfg)
 
 
@@ -125,7 +126,8 @@ def _llama_pad(pad, **kw) -> Llama3Config:
                         tie_embeddings=False, pad_token_id=pad, **kw)
 
 
-def test_pad_row_gets_no_lookup_gradient_eager_and_compiled():
+@pytest.mark.parametrize("tracer", ["make_fx", "dynamo"])  # dynamo: torch.compile(fullgraph=True) on every call
+def test_pad_row_gets_no_lookup_gradient_eager_and_compiled(tracer):
     model = build_model("llama3", _llama_pad(5))
     params = model.init(random.key(0))
     assert params["wte"]["weight"][5].abs().sum() == 0  # starts at zero, as torch.nn.Embedding's padding_idx row
@@ -136,7 +138,7 @@ def test_pad_row_gets_no_lookup_gradient_eager_and_compiled():
         return torch.func.grad(lambda q: lm_loss(model)(q, b, key=None).mean())(p)
 
     eager = grads(params, batch)
-    compiled = jit(grads, backend="inductor")(params, batch)
+    compiled = jit(grads, backend="inductor", tracer=tracer)(params, batch)
     for g in (eager, compiled):
         row = g["wte"]["weight"]
         assert torch.equal(row[5], torch.zeros(16)) and row[1].abs().sum() > 0
@@ -192,18 +194,21 @@ def test_pad_token_id_round_trips_through_config_json(tmp_path):
         to_hf(none, params, tmp_path / "clash", extra_config={"pad_token_id": 0})
 
 
-DEFAULTS = [  # (model_type, ember field, transformers' default when config.json leaves the key out)
-    ("gemma", "pad_token_id", lambda: transformers.GemmaConfig().pad_token_id),
-    ("llama", "pad_token_id", lambda: transformers.LlamaConfig().pad_token_id),
-    ("qwen2", "pad_token_id", lambda: transformers.Qwen2Config().pad_token_id),
-    ("mistral", "sliding_window", lambda: transformers.MistralConfig().sliding_window),
-]
+DEFAULTS = [("llama", "LlamaConfig"), ("qwen2", "Qwen2Config"), ("qwen3", "Qwen3Config"), ("mistral", "MistralConfig"),
+            ("gemma", "GemmaConfig")]
 
 
-@pytest.mark.parametrize("model_type,field,hf_default", DEFAULTS, ids=[f"{c[0]}-{c[1]}" for c in DEFAULTS])
-def test_missing_keys_read_as_transformers_defaults(model_type, field, hf_default):
-    cfg = config_from_hf({"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16})
-    assert getattr(cfg, field) == hf_default()
+@pytest.mark.parametrize("model_type,cfg_cls", DEFAULTS, ids=[c[0] for c in DEFAULTS])
+def test_keys_config_json_leaves_out_read_as_transformers_defaults(model_type, cfg_cls):
+    ours, hf = config_from_hf({"model_type": model_type}), getattr(transformers, cfg_cls)()
+    theirs = dict(vocab_size=hf.vocab_size, d_model=hf.hidden_size, ffn_dim=hf.intermediate_size,
+                  n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads, n_kv_heads=hf.num_key_value_heads,
+                  head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+                  max_seq_len=hf.max_position_embeddings, norm_eps=hf.rms_norm_eps,
+                  rope_theta=hf.rope_parameters["rope_theta"], tie_embeddings=hf.tie_word_embeddings,
+                  pad_token_id=hf.pad_token_id, sliding_window=getattr(hf, "sliding_window", None),
+                  init_std=hf.initializer_range)
+    assert {k: getattr(ours, k) for k in theirs} == theirs
 
 
 _BASE = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
@@ -264,11 +269,19 @@ def test_refused_settings_change_transformers_logits(cfg_cls, model_cls, entries
         config_from_hf(hf.config.to_dict())
 
 
-def test_partial_rotary_factor_is_ignored_as_transformers_ignores_it():
-    """transformers' Llama-layout models compute default RoPE over the whole head whatever this says."""
+IGNORED = [  # (id, HF config class, HF model class, entries): read by transformers, yet its fp32 logits do not move
+    ("partial_rotary_factor", "LlamaConfig", "LlamaForCausalLM", {"partial_rotary_factor": 0.5}),  # default RoPE
+    ("pretraining_tp", "LlamaConfig", "LlamaForCausalLM", {"pretraining_tp": 2}),  # 4.x: a split of the same matmuls
+    ("reorder_and_upcast_attn", "GPT2Config", "GPT2LMHeadModel", {"reorder_and_upcast_attn": True}),  # precision only
+]
+
+
+@pytest.mark.parametrize("cfg_cls,model_cls,entries", [c[1:] for c in IGNORED], ids=[c[0] for c in IGNORED])
+def test_ignored_settings_leave_transformers_logits_alone(cfg_cls, model_cls, entries):
     ids = _batches(0, 1)[0]["inputs"]
+    build = (lambda **kw: _hf_gpt2(None, **kw)) if cfg_cls == "GPT2Config" else (
+        lambda **kw: _hf_model(cfg_cls, model_cls, None, **kw))
     with torch.no_grad():
-        plain = _hf_model("LlamaConfig", "LlamaForCausalLM", None).eval()(input_ids=ids).logits
-        partial = _hf_model("LlamaConfig", "LlamaForCausalLM", None, partial_rotary_factor=0.5).eval()(input_ids=ids)
-    assert torch.equal(plain, partial.logits)
-    assert config_from_hf({"model_type": "llama", **_BASE, "partial_rotary_factor": 0.5}).head_dim == 16
+        plain, ignored = build().eval()(input_ids=ids).logits, build(**entries).eval()
+        assert torch.equal(plain, ignored(input_ids=ids).logits)
+    config_from_hf(ignored.config.to_dict())  # accepted
