@@ -24,6 +24,7 @@ Parameter tree (`L = n_layers`, `d = d_model`, `V = vocab_size`, `H = n_heads`, 
     ln_f.weight                     (d,)
     lm_head.weight                  (V, d)       axes ("vocab", "embed")   absent when tie_embeddings
 
+With `pad_token_id` set, that row of `wte.weight` gets no gradient from the lookup (HF's `padding_idx`).
 These are Hugging Face `LlamaForCausalLM`'s tensors in the same layout, with no transposes and no
 q/k permutation (RoPE uses HF's rotate-half pairing). With `scan_layers=True`, `blocks` is one tree
 with a leading `(L,)` dim.
