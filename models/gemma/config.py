@@ -39,6 +39,7 @@ class GemmaConfig(Llama3Config):
     rope_theta: float = 10000.0
     attn_head_dim: Optional[int] = 256
     tie_embeddings: bool = True
+    pad_token_id: Optional[int] = 0  # as in Gemma's released configs: the pad row gets no lookup gradient
 
 
 def build_gemma(config: GemmaConfig) -> "Gemma":
