@@ -27,6 +27,8 @@ import contextlib
 import dataclasses
 import difflib
 import importlib
+import io
+import sys
 import typing
 from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Set
 
@@ -34,6 +36,7 @@ from ember.core.config_checks import check_fields, non_negative_int, positive_in
 from ember.core.dataclass_json import to_dict
 from ember.core.registry import Registry
 from ember.data.config import DataConfig
+from ember.launch.flag_spelling import bool_words, one_line
 from ember.optim.config import OptimConfig
 
 __all__ = [
@@ -158,17 +161,22 @@ def _config_classes(cls: type) -> Set[type]:
     return found
 
 
-def _field_paths(cls: type, prefix: str = "") -> Set[str]:
-    """Dotted names of every field of dataclass `cls`, nested dataclasses (also inside Optional) included."""
+def _field_hints(cls: type, prefix: str = "") -> Dict[str, Any]:
+    """Dotted name -> type hint of each field of dataclass `cls`, nested dataclasses (also in Optional) included."""
     hints = typing.get_type_hints(cls)
-    paths: Set[str] = set()
+    found: Dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         hint = hints.get(f.name)
-        paths.add(prefix + f.name)
+        found[prefix + f.name] = hint
         for t in (hint, *typing.get_args(hint)):
             if isinstance(t, type) and dataclasses.is_dataclass(t):
-                paths |= _field_paths(t, f"{prefix}{f.name}.")
-    return paths
+                found.update(_field_hints(t, f"{prefix}{f.name}."))
+    return found
+
+
+def _field_paths(cls: type) -> Set[str]:
+    """Dotted names of every field of dataclass `cls`, nested dataclasses (also inside Optional) included."""
+    return set(_field_hints(cls))
 
 
 def _is_subsequence(short: str, long: str) -> bool:
@@ -249,17 +257,37 @@ def _concrete_type(cfg: TrainConfig) -> type:
 def parse_cli(name: str, args: Sequence[str], *, description: Optional[str] = None) -> TrainConfig:
     """Config `name` with dotted command-line overrides applied (`--model.n_layers 4 --steps 10`).
 
+    A bool field also takes a value (`--model.tie_embeddings False`, `true`, `0`, `1`); tyro's parse
+    errors come back as a one-line ValueError naming the flag and an example value.
+
     Raises:
-        ValueError: a flag that is no field (names the closest ones); a value out of range.
+        ValueError: a flag that is no field (names the closest ones); a value out of range or of the
+            wrong type.
     """
     import tyro  # imported here: only command lines need it
 
     base = get_config(name)
     concrete = _concrete_type(base)
+    args = bool_words(args, _field_hints(concrete))  # `--flag False` as well as `--flag` / `--no-flag`
     check_flags(concrete, args)
     default = concrete(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    printed = io.StringIO()  # tyro's boxed errors, turned into one line below
     try:
-        with _checks_raise_past_tyro(_config_classes(concrete)):
+        with _checks_raise_past_tyro(_config_classes(concrete)), contextlib.redirect_stderr(printed):
             return tyro.cli(concrete, default=default, args=list(args), description=description)
     except _Rejected as rejected:
         raise rejected.args[0] from None
+    except SystemExit as exit_:
+        if exit_.code in (0, None):
+            raise
+        text, printed = printed.getvalue(), io.StringIO()  # the box is not printed: it becomes one line
+        raise ValueError(one_line(text, args, lambda path: _value_at(default, path))) from None
+    finally:
+        sys.stderr.write(printed.getvalue())  # tyro's warnings, if any
+
+
+def _value_at(cfg: Any, path: str) -> Any:
+    """The value of dotted field `path` in `cfg`, or None."""
+    for name in path.split("."):
+        cfg = getattr(cfg, name, None)
+    return cfg
