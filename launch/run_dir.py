@@ -7,16 +7,19 @@ A lock file `OUT/.ember.lock` holds the PID and host of the process using the di
 process is refused at once, naming that PID. A lock left by a process that no longer runs (on this
 host) is taken over with a notice. A fresh run into a directory that already holds a run's files is
 refused unless `--resume` (continue it) or `--overwrite` (replace it: only the files a run writes
-are removed).
+are removed). The folders a run made are removed again when it ends with no file in them (a run that
+failed before writing leaves no empty `--out`); an `--out` that is a file or cannot be written is
+refused with one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import socket
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Set
 
 from ember.launch.checkpointing import CHECKPOINTS_DIR
 from ember.launch.metrics_log import METRICS_FILE
@@ -37,6 +40,51 @@ def run_files(out: str) -> List[str]:
     if not os.path.isdir(out):
         return []
     return sorted(n for n in os.listdir(out) if n in RUN_FILES or n.startswith("events.out.tfevents"))
+
+
+def _unusable(out: str, error: OSError) -> RunDirectoryError:
+    """The one-line refusal of an `--out` that is a file (or lies under one) or cannot be written."""
+    if error.errno in (errno.EEXIST, errno.ENOTDIR):
+        path = os.path.abspath(out)
+        while not os.path.isfile(path) and path != os.path.dirname(path):
+            path = os.path.dirname(path)
+        where = f"{out} is a file" if path == os.path.abspath(out) else f"{out}: {path} is a file"
+        return RunDirectoryError(f"--out {where}, not a directory; pass --out a directory path (e.g. runs/NAME).")
+    return RunDirectoryError(f"--out {out} cannot be written ({error.strerror or error}); pass --out a directory "
+                             f"you can write to (e.g. runs/NAME), or make it writable.")
+
+
+def _make_directory(out: str) -> List[str]:
+    """Create `out` and its missing parents; the folders created, deepest first."""
+    created, path = [], os.path.abspath(out)
+    while path and not os.path.exists(path) and path != os.path.dirname(path):
+        created.append(path)
+        path = os.path.dirname(path)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as error:
+        _remove_empty(out, set(), created)
+        raise _unusable(out, error) from None
+    return created
+
+
+def _remove_empty(out: str, before: Set[str], created: List[str]) -> None:
+    """Remove the folders this run made that hold no file (an empty `checkpoints/`): new entries of `out`
+    (not in `before`), then `out` and its parents if this run created them (`created`, deepest first)."""
+    new = set(os.listdir(out)) - before if os.path.isdir(out) else set()
+    for path in (os.path.join(out, name) for name in sorted(new)):
+        if os.path.isdir(path) and not os.path.islink(path):
+            for root, dirs, _ in os.walk(path, topdown=False):
+                for name in dirs:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(root, name))
+            with contextlib.suppress(OSError):
+                os.rmdir(path)  # refuses a folder that holds anything
+    for path in created:
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
 
 
 def _alive(pid: int) -> bool:
@@ -68,6 +116,8 @@ def _take_lock(out: str, say) -> str:
             say(f"note: taking over {path}, left by process {pid}, which is no longer running")
             os.unlink(path)
             continue
+        except OSError as error:  # a read-only directory or file system
+            raise _unusable(out, error) from None
         with os.fdopen(fd, "w") as f:
             f.write(me + "\n")
         return path
@@ -80,13 +130,19 @@ def claim_run_directory(out: Optional[str], *, resume: bool, overwrite: bool = F
 
     Raises:
         RunDirectoryError: another live process holds `out`; or `out` holds an earlier run's files and
-            neither `resume` nor `overwrite` is set (names the files and both flags).
+            neither `resume` nor `overwrite` is set (names the files and both flags); or `out` is a file
+            or cannot be written.
     """
     if out is None:
         yield
         return
-    os.makedirs(out, exist_ok=True)
-    lock = _take_lock(out, say)
+    created = _make_directory(out)
+    try:
+        lock = _take_lock(out, say)
+    except BaseException:
+        _remove_empty(out, set(), created)
+        raise
+    before = set(os.listdir(out))
     try:
         existing = run_files(out)
         if existing and not resume:
@@ -98,7 +154,9 @@ def claim_run_directory(out: Optional[str], *, resume: bool, overwrite: bool = F
             for name in existing:
                 target = os.path.join(out, name)
                 shutil.rmtree(target) if os.path.isdir(target) else os.unlink(target)
+                before.discard(name)
         yield
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(lock)
+        _remove_empty(out, before, created)  # a run that wrote nothing leaves no empty folders behind
