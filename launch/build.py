@@ -20,7 +20,23 @@ from ember.launch.loop import evaluate
 from ember.launch.run_config import TrainConfig
 from ember.optim.config import from_config
 
-__all__ = ["build_model", "build_tokenizer", "compute_dtype", "eval_fn", "evaluator", "initial_state", "step_fn"]
+__all__ = ["build_model", "build_tokenizer", "check_backend", "compute_dtype", "eval_fn", "evaluator", "initial_state",
+           "step_fn"]
+
+
+def check_backend(cfg: TrainConfig) -> None:
+    """Refuse `--backend xla` where torch_xla cannot be imported (a ValueError naming the fix)."""
+    if cfg.backend != "xla":
+        return
+    from ember.core.xla import require_torch_xla
+
+    try:
+        require_torch_xla("--backend xla")
+    except ImportError as error:
+        cause = error.__cause__ or error
+        raise ValueError(f"--backend xla needs torch_xla, which is not importable here ({cause}); run under the "
+                         f"XLA environment (`make install-xla`, then .venv-xla/bin/python launch/train.py ..., or "
+                         f"pip install \"ember[xla]\" in its own environment), or pass --backend inductor.") from None
 
 
 def build_model(cfg: TrainConfig) -> Any:

@@ -5,6 +5,7 @@
     state = maybe_resume(ckpt, state, batches, cfg=cfg, resume=True, model_info=info)
     state = train_loop(..., on_step_end=checkpoint_hook(ckpt, batches, cfg=cfg, writer=writer, model_info=info))
     finish(ckpt, state, batches, cfg=cfg, writer=writer, model_info=info)   # last step, wait, close
+    already_finished(cfg, resume=True)                           # a notice when --resume has nothing to train
 
 Run-config fields read (`TrainConfig`):
     out               run directory; checkpoints go to `OUT/checkpoints` (none without it)
@@ -24,7 +25,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from ember.core.checkpoint import CheckpointError, CheckpointManager, model_info
 from ember.core.dataclass_json import to_dict
 
-__all__ = ["CHECKPOINTS_DIR", "build_manager", "check_keep_best", "checkpoint_dir", "checkpoint_hook", "finish",
+__all__ = ["CHECKPOINTS_DIR", "already_finished", "build_manager", "check_keep_best", "checkpoint_dir", "checkpoint_hook", "finish",
            "maybe_resume", "model_info_for", "save_if_due", "set_aside_steps_after"]
 
 CHECKPOINTS_DIR = "checkpoints"  # under the run directory
@@ -97,6 +98,24 @@ def set_aside_steps_after(cfg: Any, step: int, *, main: bool, log: Callable[[str
 
     if dist.is_initialized():
         dist.barrier()
+
+
+def already_finished(cfg: Any, *, resume: bool, step: Optional[int] = None) -> Optional[str]:
+    """A one-line notice when `--resume` (or `--resume_step step`) would restore a step at or past
+    `cfg.steps`: nothing is left to train. None otherwise, and for a damaged latest step (the restore
+    names it, and `--resume_step` an earlier one)."""
+    directory = checkpoint_dir(cfg)
+    steps = _saved_steps(directory) if directory and (resume or step is not None) else []
+    start = step if step is not None else (steps[-1] if steps else None)
+    if start is None or start not in steps or start < cfg.steps:
+        return None
+    if step is None:
+        with CheckpointManager(directory, read_only=True) as manager:
+            if manager.verify(start):
+                return None
+    return (f"{cfg.out} already reached step {start} of --steps {cfg.steps}: nothing to train, nothing changed. "
+            f"Pass a larger --steps (e.g. --steps {start + cfg.steps}) to train on, or --overwrite without "
+            f"--resume to start again.")
 
 
 def model_info_for(cfg: Any, *, arch: Optional[str] = None) -> Dict[str, Any]:

@@ -1,6 +1,6 @@
 """`--init_from PATH`: a run's first parameters from a Hugging Face folder or an ember checkpoint.
 
-Public names: `load_initial_params`.
+Public names: `load_initial_params`, `check_init_from`.
 
 A Hugging Face folder (`config.json` with a `model_type`, safetensors weights) of a native family is
 read with `ember.models.from_hf`'s mapping, into the configured layer layout (`scan_layers` either
@@ -16,14 +16,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
 from ember.core import random
+from ember.core.dataclass_json import to_dict
 from ember.core.types import Params
 
-__all__ = ["load_initial_params"]
+__all__ = ["check_init_from", "load_initial_params"]
 
 _FREE_FIELDS = ("scan_layers", "remat", "loss_chunk_size", "init_std", "max_seq_len", "dropout")
 """Config fields that may differ from the saved model: they change neither the params nor their meaning."""
@@ -39,16 +40,101 @@ def _hf_config(path: str) -> Optional[Dict[str, Any]]:
     return config if isinstance(config, dict) and "model_type" in config else None
 
 
-def _differences(saved: Any, configured: Any) -> List[str]:
-    out = []
-    if type(saved) is not type(configured):
-        out.append(f"family: {type(saved).__name__} in the folder, {type(configured).__name__} configured")
-    names = {f.name for f in dataclasses.fields(saved)} & {f.name for f in dataclasses.fields(configured)}
-    for name in sorted(names - set(_FREE_FIELDS)):
-        a, b = getattr(saved, name), getattr(configured, name)
-        if a != b:
-            out.append(f"{name}: {a!r} in the folder, {b!r} configured")
-    return out
+def _hf_model(path: str, hf: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """(family, config dict) of the Hugging Face folder at `path` (its `config.json` is `hf`)."""
+    from ember import models
+    from ember.models.hf import SUPPORTED_HF_MODELS, config_from_hf
+
+    if hf["model_type"] not in SUPPORTED_HF_MODELS:
+        raise ValueError(
+            f"--init_from {path}: model_type {hf['model_type']!r} has no native ember family "
+            f"({', '.join(sorted(SUPPORTED_HF_MODELS))} do), so launch/train.py cannot build it; it "
+            f"trains from Python through the bridge: ember.models.from_hf({path!r})."
+        )
+    saved = config_from_hf(hf)
+    family = next((f for f in models.list_families() for a in models.list_archs(f)[:1]
+                   if type(models.get_config(f, a)) is type(saved)), hf["model_type"])
+    return family, to_dict(saved)
+
+
+def _flag(name: str, value: Any) -> str:
+    text = str(value)
+    return f"--model.{name} {json.dumps(text) if not text or ' ' in text else text}"
+
+
+def _differing(saved: Mapping[str, Any], configured: Mapping[str, Any]) -> List[str]:
+    """The fields both configs have whose values differ (free fields left out)."""
+    names = (saved.keys() & configured.keys()) - set(_FREE_FIELDS) - {"__type__"}
+    return sorted(n for n in names if saved[n] != configured[n])
+
+
+def _fix(family: str, saved: Mapping[str, Any], configured_family: str, configured: Mapping[str, Any],
+         config_name: Optional[str]) -> str:
+    """The command-line flags that give the saved model: `--model.*` on this run config (when it is of the
+    saved family and needs at most 3), else the registered run config of that family needing the fewest."""
+    from ember.launch.run_config import get_config, list_configs
+
+    same_model = configured_family == family and configured.get("__type__") == saved.get("__type__")
+    options = [("", configured)] if same_model else []
+    for name in list_configs():
+        cfg = get_config(name)
+        model = to_dict(cfg.model) if dataclasses.is_dataclass(cfg.model) else {}
+        if name != config_name and cfg.family == family and model.get("__type__") == saved.get("__type__"):
+            options.append((f"--config {name}", model))
+    if not options:
+        return f"pass --config a {family} run config (`--list-configs`; --import the package that registers one)"
+    few = same_model and len(_differing(saved, configured)) <= 3  # keep the run config's data and optimizer
+    head, model = options[0] if few else min(options, key=lambda option: len(_differing(saved, option[1])))
+    flags = [head] + [_flag(n, saved[n]) for n in _differing(saved, model) if not isinstance(saved[n], (dict, list))]
+    if not any(flags):
+        return "set the --model.* flags of the run that saved it"
+    return f"{'use' if head else 'set'} {' '.join(f for f in flags if f)}"
+
+
+def _refusal(path: str, where: str, family: str, saved: Mapping[str, Any], configured_family: str,
+             configured: Mapping[str, Any], config_name: Optional[str]) -> Optional[str]:
+    """One line naming what differs between the saved and the configured model and the flags to fix it."""
+    diffs = [f"{n} {saved[n]} there, {configured[n]} configured" for n in _differing(saved, configured)]
+    if family == configured_family and not diffs:
+        return None
+    shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+    if family != configured_family:
+        what = f"a {family} model and the run config a {configured_family} one" + (f" ({shown})" if shown else "")
+    else:
+        what = f"another {family} model than the run config: {shown}"
+    return (f"--init_from {path}: the {where} holds {what}. To start from it, "
+            f"{_fix(family, saved, configured_family, configured, config_name)}.")
+
+
+def check_init_from(path: str, family: str, config: Any, *, config_name: Optional[str] = None) -> None:
+    """Raise unless `path` holds a model of `family` with `config`'s architecture (cheap: no weights read).
+
+    `config` is the family's config dataclass, or its `to_dict` (`model_info(...)["config"]`);
+    `config_name` the run config it came from (`--config`), which the fix then does not name again.
+
+    Raises:
+        ValueError: a Hugging Face folder of another architecture, or a model type without a native family.
+        CheckpointError: an ember checkpoint of another model, or no checkpoint at `path`.
+    """
+    from ember.core.checkpoint import CheckpointError
+
+    configured = config if isinstance(config, Mapping) or config is None else to_dict(config)
+    hf = _hf_config(path)
+    if hf is not None:
+        saved_family, saved = _hf_model(path, hf)
+        message = _refusal(path, "folder", saved_family, saved, family, configured or {}, config_name)
+        if message:
+            raise ValueError(message)
+        return
+    from ember.core.checkpoint import CheckpointManager
+    from ember.launch.ckpt_tools import checkpoint_root
+
+    with CheckpointManager(checkpoint_root(path), read_only=True) as ckpt:
+        info = ckpt.read_meta().model or {}
+    if info.get("family") and info.get("config") and configured:
+        message = _refusal(path, "checkpoint", info["family"], info["config"], family, configured, config_name)
+        if message:
+            raise CheckpointError(message)
 
 
 def load_initial_params(path: str, model: Any, *, model_info: Mapping[str, Any],
@@ -67,25 +153,12 @@ def load_initial_params(path: str, model: Any, *, model_info: Mapping[str, Any],
             flags to set), or a model type without a native ember family.
         CheckpointError: the checkpoint is missing, damaged, or of another model.
     """
-    hf = _hf_config(path)
-    if hf is not None:
-        from ember.models._safetensors import read_safetensors_folder
-        from ember.models.hf import SUPPORTED_HF_MODELS, config_from_hf, params_from_hf
-
-        if hf["model_type"] not in SUPPORTED_HF_MODELS:
-            raise ValueError(
-                f"--init_from {path}: model_type {hf['model_type']!r} has no native ember family "
-                f"({', '.join(sorted(SUPPORTED_HF_MODELS))} do), so launch/train.py cannot build it; it "
-                f"trains from Python through the bridge: ember.models.from_hf({path!r})."
-            )
-        diffs = _differences(config_from_hf(hf), model.config)
-        if diffs:
-            raise ValueError(
-                f"--init_from {path} holds another architecture than the run config: {'; '.join(diffs)}. "
-                f"Pick the family's run config with --config and set the differing fields with --model.NAME."
-            )
+    check_init_from(path, model_info["family"], model_info.get("config"))
+    if _hf_config(path) is not None:
         from ember.core import pytree
         from ember.core.device import to_device
+        from ember.models._safetensors import read_safetensors_folder
+        from ember.models.hf import params_from_hf
 
         params = params_from_hf(read_safetensors_folder(path, device="cpu"), model.config)
         params = pytree.tree_map(lambda t, like: t.to(like.dtype), params, model.param_shapes())

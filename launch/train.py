@@ -8,15 +8,18 @@
     torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=2,tp=2 --out runs/tp   # DTensor: ember.launch.sharded
 
 Every config field is a flag (`--help`, `--list-configs`); the pieces are importable from `ember.launch`.
+`--resume` of a run that already reached `--steps` says so and changes nothing (exit 0).
 Ctrl-C (or SIGTERM) ends the run after the current step with a final checkpoint; a second Ctrl-C quits at once.
 """
 
+import os
 import sys
 
 from ember import data, models
 from ember.core import device_for, jit
 from ember.launch import build, checkpointing, cli, sharded
 from ember.launch.host_memory import retain_freed_host_memory
+from ember.launch.init_from import check_init_from
 from ember.launch.interrupt import GracefulStop
 from ember.launch.loop import train_loop
 from ember.launch.metrics_log import MetricsWriter, read_metrics
@@ -31,9 +34,17 @@ def main(argv=None):
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     retain_freed_host_memory()  # a step frees and re-allocates the same buffers: keep their pages
     cfg = cli.read_config(args, overrides, description=__doc__, parser=parser)
+    build.check_backend(cfg)  # before anything is built or written, as the --init_from check below
     model = build.build_model(cfg)
+    if cfg.init_from:
+        check_init_from(cfg.init_from, cfg.family, cfg.model, config_name=args.config)
     if args.dry_run:
         print(models.describe(model))
+        return None
+    notice = checkpointing.already_finished(cfg, resume=args.resume, step=args.resume_step)
+    if notice:  # a finished run is no mistake: say so, change nothing, exit 0
+        if os.environ.get("RANK", "0") == "0":
+            print(notice)
         return None
     sharding = sharded.setup(args.mesh)  # None unless under torchrun or --mesh; before any device tensor
     finished = False

@@ -3,12 +3,15 @@ architecture is checked against the run config (differences named)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from ember.core import TrainState, pytree, random
 from ember.core.checkpoint import CheckpointError, CheckpointManager, model_info
 from ember.launch import build
+from ember.launch.init_from import check_init_from
 from ember.launch.run_config import parse_cli
 from ember.models import build_model, to_hf
 from ember import optim
@@ -54,11 +57,20 @@ def test_a_bfloat16_folder_still_trains_float32_master_weights(qwen2_folder, tmp
 def test_another_architecture_is_refused_with_each_difference(qwen2_folder):
     path, _ = qwen2_folder
     cfg = parse_cli("qwen2_tiny", ["--init_from", path, "--model.d_model", "96", "--model.n_layers", "2"])
-    with pytest.raises(ValueError, match=r"another architecture than the run config: d_model: 192 in the folder, "
-                                         r"96 configured; n_layers: 4 in the folder, 2 configured\..*--model\.NAME"):
+    with pytest.raises(ValueError) as refused:
         build.initial_state(cfg, build_model(cfg.family, cfg.model))
+    assert str(refused.value) == (f"--init_from {path}: the folder holds another qwen2 model than the run config: "
+                                  f"d_model 192 there, 96 configured; n_layers 4 there, 2 configured. To start from "
+                                  f"it, set --model.d_model 192 --model.n_layers 4.")
+    far = dataclasses.replace(cfg.model, n_heads=2, n_kv_heads=1, ffn_dim=64)  # 5 fields: another config is nearer
+    with pytest.raises(ValueError, match=r"d_model 192 there, 96 configured; .*\. To start from it, use --config "
+                                         r"qwen2_tiny\.$"):
+        check_init_from(path, cfg.family, far, config_name="tiny_chat_sft")  # as launch/train.py checks, by name
     cfg = parse_cli("llama3_tiny", ["--init_from", path])
-    with pytest.raises(ValueError, match=r"family: Qwen2Config in the folder, Llama3Config configured;.*qkv_bias"):
+    with pytest.raises(ValueError, match=r"holds a qwen2 model and the run config a llama3 one \(norm_eps 1e-06 "
+                                         r"there, 1e-05 configured; qkv_bias True there, False configured; rope_theta "
+                                         r"1000000.0 there, 10000.0 configured\)\. To start from it, use --config "
+                                         r"qwen2_tiny\.$"):
         build.initial_state(cfg, build_model(cfg.family, cfg.model))
 
 
