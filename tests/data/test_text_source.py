@@ -40,7 +40,8 @@ def test_train_reads_the_path_without_a_source(corpus, tmp_out, capsys):
     saved = json.loads((tmp_out / "config.json").read_text())["data"]
     assert (saved["source"], saved["path"]) == ("text", str(corpus))  # was: stdlib, the path ignored
     assert "data: reading the first 0.0 MB of the 0.1 MB at" in capsys.readouterr().out
-    batch = next(build_batches(DataConfig(path=str(corpus), seq_len=16, batch_size=4), tokenizer=ByteTokenizer(eos=True)))
+    cfg = DataConfig(path=str(corpus), seq_len=16, batch_size=4)
+    batch = next(build_batches(cfg, tokenizer=ByteTokenizer(eos=True)))
     assert set(batch["inputs"].unique().tolist()) <= set(b"abc\n") | {256}
 
 
@@ -49,7 +50,8 @@ def test_max_bytes_caps_one_file(corpus):
     assert (docs.total_bytes(), len(docs[0]), docs.unread_bytes) == (1000, 1000, 119_000)
     assert "119000 bytes over max_bytes left unread" in repr(docs)
     tok = ByteTokenizer(eos=True)
-    it = build_batches(DataConfig(source="text", path=str(corpus), max_bytes=1000, seq_len=8, batch_size=2), tokenizer=tok)
+    cfg = DataConfig(source="text", path=str(corpus), max_bytes=1000, seq_len=8, batch_size=2)
+    it = build_batches(cfg, tokenizer=tok)
     assert it.pipeline.config["num_tokens"] == 1001  # the cap and one EOS; was 120_001
     assert corpus_note(DataConfig(source="text", path=str(corpus), max_bytes=1000)).startswith(
         f"data: reading the first 0.0 MB of the 0.1 MB at {corpus} (data.max_bytes=1000)")
@@ -72,7 +74,8 @@ def test_a_cut_character_is_dropped_and_utf8_reads_match(tmp_path):
         docs = text_files(path, max_bytes=cap)
         assert docs.read_utf8(0) == docs[0].encode()
         assert "\ufffd" not in docs[0] or cap >= 8, (cap, docs[0])  # only the invalid byte, never a cut character
-    assert text_files(path)[0] == "hé😀\ufffd!" and text_files(path).read_utf8(0, chunk_bytes=3) == "hé😀\ufffd!".encode()
+    whole = text_files(path)
+    assert whole[0] == "hé😀\ufffd!" and whole.read_utf8(0, chunk_bytes=3) == "hé😀\ufffd!".encode()
 
 
 def test_tokenizing_a_file_costs_about_two_bytes_per_byte(tmp_path):
