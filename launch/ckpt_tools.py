@@ -13,14 +13,13 @@ import pathlib
 import typing
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ember.core.checkpoint import CheckpointError
+from ember.core.checkpoint import TMP_MARKER, CheckpointError, disk_bytes, temporary_dirs
 from ember.launch.checkpointing import CHECKPOINTS_DIR
 
 __all__ = ["HEADER", "checkpoint_root", "listing_rows", "missing_step_message", "model_config_from_dict",
-           "recovery_hint", "step_row", "unfinished_hint", "unfinished_row", "unfinished_saves"]
+           "recovery_hint", "step_row", "unfinished_saves"]
 
 HEADER = f"{'step':>8}  {'saved (UTC)':<25} {'model':<22} {'params':>10} {'size MB':>9}  metrics"
-TMP_MARKER = ".orbax-checkpoint-tmp"  # orbax writes step N into N.orbax-checkpoint-tmp-<time>, then renames it
 
 
 def _holds_steps(path: pathlib.Path) -> bool:
@@ -85,21 +84,21 @@ def unfinished_saves(root: str) -> List[Tuple[int, str]]:
     """`(step, folder name)` of each save a process never committed (killed mid-save), by step."""
     path = pathlib.Path(root).expanduser()
     found = []
-    for p in path.iterdir() if path.is_dir() else ():
-        head, marker, _ = p.name.partition(TMP_MARKER)
-        if marker and head.isdigit() and p.is_dir():
-            found.append((int(head), p.name))
+    for name in temporary_dirs(path):  # orbax writes step N into N.orbax-checkpoint-tmp-<time>, then renames it
+        head = name.partition(TMP_MARKER)[0]
+        if head.isdigit() and (path / name).is_dir():
+            found.append((int(head), name))
     return sorted(found)
 
 
-def unfinished_row(root: str, step: int, name: str) -> str:
+def _unfinished_row(root: str, step: int, name: str) -> str:
     """The listing's line for an unfinished save (no metadata to read: only its size)."""
-    size = sum(f.stat().st_size for f in (pathlib.Path(root) / name).rglob("*") if f.is_file()) / 2**20
+    size = disk_bytes(pathlib.Path(root) / name) / 2**20
     return (f"{step:>8}  {'-':<25} {'-':<22} {'-':>10} {size:>9.1f}  UNFINISHED: {name}/ never committed "
             f"(the process stopped mid-save)")
 
 
-def unfinished_hint(unfinished: List[Tuple[int, str]]) -> Optional[str]:
+def _unfinished_hint(unfinished: List[Tuple[int, str]]) -> Optional[str]:
     """One line after a listing with unfinished saves: they are no checkpoint, and what to do (None: none)."""
     if not unfinished:
         return None
@@ -128,8 +127,8 @@ def listing_rows(ckpt: Any, root: str, *, verify: bool) -> Tuple[List[str], Dict
         row, problems[step] = step_row(ckpt, step, verify=verify)
         rows.append((step, row))
     unfinished = unfinished_saves(root)
-    rows += [(step, unfinished_row(root, step, name)) for step, name in unfinished]
-    hints = [h for h in (recovery_hint(root, problems), unfinished_hint(unfinished)) if h]
+    rows += [(step, _unfinished_row(root, step, name)) for step, name in unfinished]
+    hints = [h for h in (recovery_hint(root, problems), _unfinished_hint(unfinished)) if h]
     return [row for _, row in sorted(rows, key=lambda r: r[0])] + hints, problems
 
 

@@ -1,6 +1,7 @@
 """ember.core.checkpoint: save and restore training states on orbax, bit for bit.
 
-Public names: `CheckpointManager`, `CheckpointMeta`, `CheckpointError`, `LeafSpec`, `model_info`.
+Public names: `CheckpointManager`, `CheckpointMeta`, `CheckpointError`, `LeafSpec`, `model_info`; for tools
+that read a checkpoint directory without a manager, `TMP_MARKER`, `temporary_dirs`, `disk_bytes`.
 
 A checkpoint holds everything a bit-identical resume needs: params, optimizer state (with its
 hyperparameter tensors and counters), step, RNG key, the data iterator's state, the run config and
@@ -22,10 +23,14 @@ Example:
     ([2, 3], {'w': tensor([3., 3.])})
 """
 
+from ._layout import TMP_MARKER as TMP_MARKER
+from ._layout import disk_bytes as disk_bytes
+from ._layout import temporary_dirs as temporary_dirs
 from ._meta import CheckpointError as CheckpointError
 from ._meta import CheckpointMeta as CheckpointMeta
 from ._meta import model_info as model_info
 from ._tree import LeafSpec as LeafSpec
 from .manager import CheckpointManager as CheckpointManager
 
-__all__ = ["CheckpointError", "CheckpointManager", "CheckpointMeta", "LeafSpec", "model_info"]
+__all__ = ["CheckpointError", "CheckpointManager", "CheckpointMeta", "LeafSpec", "TMP_MARKER", "disk_bytes", "model_info",
+           "temporary_dirs"]
