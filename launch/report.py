@@ -11,8 +11,8 @@ import torch
 
 from ember.core import random
 from ember.core.dataclass_json import to_dict
-from ember.core.pytree import tree_leaves
 from ember.core.step_fns import generate
+from ember.core.tree_math import tree_all_finite
 from ember.launch.metrics_log import plot_losses
 from ember.launch.run_config import TrainConfig
 
@@ -52,18 +52,13 @@ def eval_summary(history: List[Dict[str, float]]) -> str:
     return f"{line} ({change:.1f}% lower)" if change >= 0 else f"{line} ({-change:.1f}% higher)"
 
 
-def _finite(params: Any) -> bool:
-    leaves = [p for p in tree_leaves(params) if torch.is_tensor(p) and p.is_floating_point()]
-    return all(bool(torch.isfinite(p).all()) for p in leaves)
-
-
 def report_run(cfg: TrainConfig, history: List[Dict[str, float]], *, model: Any, params: Any, tokenizer: Any,
                device: Any, sample: bool = True) -> None:
     """Plot `history` to `OUT/loss.png`, print the first and last eval loss, then (if `sample`) a sample."""
     if cfg.out:
         plot_losses(history, os.path.join(cfg.out, PLOT_FILE), title=plot_title(cfg))
     print(eval_summary(history))
-    if sample and cfg.sample_tokens and not _finite(params):
+    if sample and cfg.sample_tokens and not bool(tree_all_finite(params)):  # one host sync
         print("no sample: the parameters hold NaN or infinite values (the run diverged); lower --optim.learning_rate")
     elif sample and cfg.sample_tokens:
         chat = getattr(tokenizer, "chat_template", None) is not None and cfg.data.source == "sft"
