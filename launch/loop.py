@@ -104,7 +104,8 @@ def train_loop(
             eval). `GracefulStop.requested` turns Ctrl-C into this.
         tokens_per_step: tokens in one batch, for the tokens/s figure.
         progress: say how long the first step (the compile) took, then show a tqdm progress bar;
-            at a log step, say how many steps so far were skipped as non-finite (metric `skipped`).
+            at a log step, say how many steps so far were skipped as non-finite (`state.skipped_steps`, when
+            the state has it).
 
     Returns:
         The final state.
@@ -113,7 +114,9 @@ def train_loop(
     bar = None
     last_time, last_step = time.perf_counter(), start
     metrics: Mapping[str, Any] = {}
-    skipped, skipped_told = None, 0  # non-finite steps skipped by this loop (a device tensor until a log)
+    # Non-finite steps skipped by this loop: state.skipped_steps minus its value now (a resumed run's are not news).
+    skipped_before = int(state.skipped_steps) if progress and hasattr(state, "skipped_steps") else None
+    skipped_told = 0
     for i in range(start + 1, steps + 1):
         try:
             batch = next(batches)
@@ -126,8 +129,6 @@ def train_loop(
             first_started = time.perf_counter()
             print(f"step {i}: compiling the step...", end=" ", flush=True)
         state, metrics = step(state, batch)
-        if progress and "skipped" in metrics:
-            skipped = metrics["skipped"] if skipped is None else skipped + metrics["skipped"]
         stop = should_stop is not None and should_stop()
         logged = False
         if i % log_every == 0 or i == steps or stop:
@@ -147,8 +148,9 @@ def train_loop(
             bar = _progress_bar(total=steps, initial=i)
         elif bar is not None:
             bar.update(1)
-        if logged and skipped is not None and int(skipped) > skipped_told:  # host sync: at log steps only
-            skipped_told = int(skipped)
+        skipped = int(state.skipped_steps) - skipped_before if logged and skipped_before is not None else 0  # host sync
+        if skipped > skipped_told:
+            skipped_told = skipped
             _notice(bar, f"step {i}: skipped {skipped_told} non-finite step{'s' * (skipped_told > 1)} so far "
                          f"(NaN/inf loss or gradients: no update applied); lower --optim.learning_rate if it goes on")
         if stop:

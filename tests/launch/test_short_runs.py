@@ -68,8 +68,10 @@ def test_diverged_params_end_the_run_without_a_sample(tmp_out, capsys):
 def test_skipped_steps_are_announced_at_log_steps(capsys):
     class State:
         step = torch.tensor(0)
+        skipped_steps = torch.tensor(5)  # skipped before this loop (a resumed run): not counted
 
-    def step(state, batch):  # steps 2 and 3 are non-finite
+    def step(state, batch):  # steps 2 and 3 are non-finite; train_step counts them in state.skipped_steps
+        state.skipped_steps = state.skipped_steps + int(batch in (2, 3))
         return state, {"loss": torch.tensor(1.0), "skipped": torch.tensor(float(batch in (2, 3)))}
 
     train_loop(step, State(), iter(range(1, 7)), steps=6, writer=MetricsWriter(None), log_every=2, progress=True)
