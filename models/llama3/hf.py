@@ -39,7 +39,7 @@ from .model import Llama3
 
 __all__ = [
     "llama3_config_from_hf", "llama3_config_to_hf", "llama3_params_from_hf", "llama3_params_to_hf",
-    "llama_fields_from_hf", "llama_fields_to_hf",
+    "llama_fields_from_hf", "llama_fields_to_hf", "require_full_attention",
 ]
 
 _LAYER_NAMES = (  # (ember path inside a block, HF name inside model.layers.{i})
@@ -104,6 +104,14 @@ def llama_fields_from_hf(hf: Mapping[str, Any], *, family: str = "Llama3") -> Di
         pad_token_id=hf.get("pad_token_id"),
         init_std=hf.get("initializer_range", 0.02),
     )
+
+
+def require_full_attention(hf: Mapping[str, Any], family: str) -> None:
+    """transformers 5 windows the layers that `layer_types` marks "sliding_attention"; ember's `family` has none."""
+    kinds = sorted(set(hf.get("layer_types") or ["full_attention"]))
+    if kinds != ["full_attention"]:
+        raise ValueError(f"config.json has layer_types with {kinds}, but ember's {family} needs every entry "
+                         f"'full_attention' (no sliding-window layers).")
 
 
 def llama3_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> Llama3Config:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping
 
 from ..hf import HFAdapter, register_hf_adapter, require_hf_value
-from ..llama3.hf import llama3_params_from_hf, llama3_params_to_hf, llama_fields_from_hf, llama_fields_to_hf
+from ..llama3.hf import (llama3_params_from_hf, llama3_params_to_hf, llama_fields_from_hf, llama_fields_to_hf,
+                         require_full_attention)
 from ..registry import replace_config
 from .config import Qwen3Config
 from .model import Qwen3
@@ -28,21 +29,13 @@ _HF_DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "max_position_
 """transformers' `Qwen3Config` defaults that differ from `LlamaConfig`'s, for keys config.json leaves out."""
 
 
-def _require_full_attention(hf: Mapping[str, Any]) -> None:
-    """transformers 5 windows the layers that `layer_types` marks "sliding_attention"; ember's Qwen3 has none."""
-    kinds = sorted(set(hf.get("layer_types") or ["full_attention"]))
-    if kinds != ["full_attention"]:
-        raise ValueError(f"config.json has layer_types with {kinds}, but ember's Qwen3 needs every entry "
-                         f"'full_attention' (no sliding-window layers).")
-
-
 def qwen3_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any]) -> Qwen3Config:
     """The `Qwen3Config` for an HF `Qwen3Config` dict, with ember field `overrides` applied."""
     hf = {**_HF_DEFAULTS, **hf}
     require_hf_value(hf, "hidden_act", "silu", "silu", "Qwen3 (SwiGLU)")
     require_hf_value(hf, "attention_bias", False, False, "Qwen3 (no attention biases)")
     require_hf_value(hf, "use_sliding_window", False, False, "Qwen3 (full attention in every layer)")
-    _require_full_attention(hf)
+    require_full_attention(hf, "Qwen3")
     fields = llama_fields_from_hf(hf, family="Qwen3")
     fields["attn_head_dim"] = hf.get("head_dim") or fields["d_model"] // fields["n_heads"]
     return replace_config(Qwen3Config(**fields), **overrides)
