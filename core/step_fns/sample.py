@@ -57,9 +57,8 @@ def sample_token(
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
-    if vocab_size is not None and vocab_size < logits.shape[-1]:  # padded rows: -inf, never drawn
-        padded = torch.arange(logits.shape[-1], device=logits.device) >= vocab_size
-        logits = logits.masked_fill(padded, float("-inf"))
+    if vocab_size is not None:  # drop the padded rows: every id left is below vocab_size
+        logits = logits[..., :vocab_size]
     if temperature == 0:
         return logits.argmax(dim=-1)
     if key is None:
