@@ -15,7 +15,8 @@ import torch
 from ember import data, models
 from ember.core import TrainState, random, to_device
 from ember.core.step_fns import eval_step, train_step
-from ember.launch.init_from import load_initial_params
+from ember.launch.checkpointing import already_finished
+from ember.launch.init_from import check_init_from, load_initial_params
 from ember.launch.loop import evaluate
 from ember.launch.run_config import TrainConfig
 from ember.optim.config import from_config
@@ -37,6 +38,19 @@ def check_backend(cfg: TrainConfig) -> None:
         raise ValueError(f"--backend xla needs torch_xla, which is not importable here ({cause}); run under the "
                          f"XLA environment (`make install-xla`, then .venv-xla/bin/python launch/train.py ..., or "
                          f"pip install \"ember[xla]\" in its own environment), or pass --backend inductor.") from None
+
+
+def preflight(cfg: TrainConfig, args: Any, *, main: bool) -> bool:
+    """Whether to train, after the checks that read saved runs: made once the process group is up
+    (orbax then starts jax as one of the ranks) and before the run directory is touched. An
+    `--init_from` of another model raises; a `--resume` of a run that already reached `--steps` is
+    no mistake: its notice is printed (on the `main` rank) and nothing changes."""
+    if cfg.init_from:
+        check_init_from(cfg.init_from, cfg.family, cfg.model, config_name=args.config)
+    notice = already_finished(cfg, resume=args.resume, step=args.resume_step)
+    if notice and main:
+        print(notice)
+    return notice is None
 
 
 def build_model(cfg: TrainConfig) -> Any:

@@ -15,11 +15,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
+from ember.data import source_from_path
 from ember.launch.interrupt import RunInterrupted
 from ember.launch.run_config import TrainConfig, describe_configs, parse_cli
 
@@ -64,7 +66,8 @@ def read_config(args: argparse.Namespace, overrides: Sequence[str], *, descripti
     if {"-h", "--help"} & set(overrides):
         flags = (parser or launcher_parser()).format_help().strip()
         description = f"{description}\nLauncher {flags}\n\nRun configs (--config NAME):\n{_configs_text()}\n"
-    return parse_cli(args.config, overrides, description=description)
+    cfg = parse_cli(args.config, overrides, description=description)
+    return dataclasses.replace(cfg, data=source_from_path(cfg.data))  # a --data.path alone names its source
 
 
 def _message(error: BaseException) -> str:

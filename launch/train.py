@@ -12,14 +12,12 @@ Every config field is a flag (`--help`, `--list-configs`); the pieces are import
 Ctrl-C (or SIGTERM) ends the run after the current step with a final checkpoint; a second Ctrl-C quits at once.
 """
 
-import os
 import sys
 
 from ember import data, models
 from ember.core import device_for, jit
 from ember.launch import build, checkpointing, cli, sharded
 from ember.launch.host_memory import retain_freed_host_memory
-from ember.launch.init_from import check_init_from
 from ember.launch.interrupt import GracefulStop
 from ember.launch.loop import train_loop
 from ember.launch.metrics_log import MetricsWriter, read_metrics
@@ -34,23 +32,19 @@ def main(argv=None):
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     retain_freed_host_memory()  # a step frees and re-allocates the same buffers: keep their pages
     cfg = cli.read_config(args, overrides, description=__doc__, parser=parser)
-    build.check_backend(cfg)  # before anything is built or written, as the --init_from check below
+    build.check_backend(cfg)  # before anything is built or written
     model = build.build_model(cfg)
-    if cfg.init_from:
-        check_init_from(cfg.init_from, cfg.family, cfg.model, config_name=args.config)
     if args.dry_run:
+        build.preflight(cfg, args, main=False)  # refuses an --init_from of another model
         print(models.describe(model))
         return None
-    notice = checkpointing.already_finished(cfg, resume=args.resume, step=args.resume_step)
-    if notice:  # a finished run is no mistake: say so, change nothing, exit 0
-        if os.environ.get("RANK", "0") == "0":
-            print(notice)
-        return None
     sharding = sharded.setup(args.mesh)  # None unless under torchrun or --mesh; before any device tensor
-    finished = False
+    finished, history = False, None
     try:  # only rank 0 writes files: it holds the run directory
-        with claim_run_directory(cfg.out if sharded.is_main() else None, resume=args.resume, overwrite=args.overwrite):
-            history = train(cfg, model, sharding, args)
+        if build.preflight(cfg, args, main=sharded.is_main()):  # else the run already reached --steps
+            with claim_run_directory(cfg.out if sharded.is_main() else None, resume=args.resume,
+                                     overwrite=args.overwrite):
+                history = train(cfg, model, sharding, args)
         finished = True
         return history
     finally:
