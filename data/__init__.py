@@ -23,6 +23,7 @@ from .config import TorchBatches as TorchBatches
 from .config import build_batches as build_batches
 from .config import build_tokenizer as build_tokenizer
 from .config import corpus_note as corpus_note
+from .config import source_from_path as source_from_path
 from .hf_disk import HFTextColumn as HFTextColumn
 from .hf_disk import hf_text_from_disk as hf_text_from_disk
 from .iterator import PipelineIterator as PipelineIterator
@@ -93,6 +94,7 @@ __all__ = [
     "prefetch",
     "read_sft_jsonl",
     "shard_window_ids",
+    "source_from_path",
     "split_inputs_targets",
     "split_of",
     "stdlib_corpus",

@@ -1,6 +1,6 @@
 """`DataConfig`, the data section of a run config, and the tokenizer and batches it builds.
 
-Public names: `DataConfig`, `build_tokenizer`, `build_batches`, `corpus_note`.
+Public names: `DataConfig`, `build_tokenizer`, `build_batches`, `corpus_note`, `source_from_path`.
 
 These are the data half of `launch/train.py`, importable so a user's own script builds the same
 data in two lines instead of copying the launcher.
@@ -29,7 +29,9 @@ from .sources import check_source_kind, load_source, source_kind
 from .text_files import text_files
 from .tokenizers import ByteTokenizer, Tokenizer
 
-__all__ = ["DataConfig", "TorchBatches", "build_batches", "build_tokenizer", "corpus_note"]
+__all__ = ["DataConfig", "TorchBatches", "build_batches", "build_tokenizer", "corpus_note", "source_from_path"]
+
+STDLIB_BYTES = 4_000_000  # the standard-library corpus read when `max_bytes` is None: a fast start
 
 Split = Literal["train", "eval"]
 
@@ -42,8 +44,7 @@ class DataConfig:
     """stdlib: the running Python's own standard library sources (no download); text: files or a
     glob at `path`; bin: a nanoGPT-style token .bin memmap; hf: a Hugging Face dataset saved to disk;
     sft: a JSONL file of conversations or prompt/completion pairs, packed, the loss on replies only.
-    Left at stdlib with a data.path, the path decides: .bin -> bin, a save_to_disk folder -> hf, else
-    text (a .jsonl path must name its source: sft or text)."""
+    On the command line, left at stdlib with a data.path, the path decides (`source_from_path`)."""
     path: Optional[str] = None
     """Path for text / bin / hf / sft sources."""
     tokenizer: Literal["bytes", "bpe", "model"] = "bytes"
@@ -53,9 +54,9 @@ class DataConfig:
     """The model folder of `tokenizer=model` (usually the `--init_from` folder)."""
     vocab_size: int = 512
     """Vocabulary size of the BPE tokenizer (ignored for bytes)."""
-    max_bytes: Optional[int] = 4_000_000
-    """Cap on corpus bytes read (stdlib: whole files; text: the first bytes), to keep start-up fast; None reads
-    everything."""
+    max_bytes: Optional[int] = None
+    """Cap on corpus bytes read (stdlib: whole files; text: the first bytes). None: 4 MB of the stdlib
+    corpus (a fast start), all of a text corpus."""
     seq_len: int = 128
     """Tokens per training window."""
     overflow: Literal["truncate", "error"] = "truncate"
@@ -72,16 +73,23 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_fields(self, "data.", vocab_size=positive_int, max_bytes=optional(positive_int), seq_len=positive_int,
                      batch_size=positive_int, num_workers=non_negative_int, seed=non_negative_int)
-        if self.source == "stdlib" and self.path is not None:  # stdlib reads no path: the path names the source
-            if str(self.path).endswith(".jsonl"):
-                raise ValueError(f"data.path={self.path!r} is JSONL but data.source is stdlib, which reads no path; "
-                                 f"pass --data.source sft (conversations) or --data.source text (plain text).")
-            object.__setattr__(self, "source", source_kind(self.path))
+
+
+def source_from_path(cfg: DataConfig) -> DataConfig:
+    """`cfg` with the source a command line's `--data.path` alone names (stdlib reads no path): .bin ->
+    bin, a save_to_disk folder -> hf, else text; a .jsonl path must name its source. Applied when
+    flags are parsed, not to saved configs, so a resumed run reads what it read before."""
+    if cfg.source != "stdlib" or cfg.path is None:
+        return cfg
+    if str(cfg.path).endswith(".jsonl"):
+        raise ValueError(f"data.path={cfg.path!r} is JSONL but data.source is stdlib, which reads no path; "
+                         f"pass --data.source sft (conversations) or --data.source text (plain text).")
+    return dataclasses.replace(cfg, source=source_kind(cfg.path))
 
 
 def _source(cfg: DataConfig, split: Split) -> Any:
     if cfg.source == "stdlib":
-        return load_source("stdlib", split=split, max_bytes=cfg.max_bytes)
+        return load_source("stdlib", split=split, max_bytes=cfg.max_bytes or STDLIB_BYTES)
     if cfg.path is None:
         raise ValueError(
             f"data.source={cfg.source!r} needs data.path (a file, directory or glob); "
@@ -103,7 +111,7 @@ def corpus_note(cfg: DataConfig) -> Optional[str]:
         return None
     read = docs.total_bytes()
     return (f"data: reading the first {read / 1e6:.1f} MB of the {(read + docs.unread_bytes) / 1e6:.1f} MB at "
-            f"{cfg.path} (data.max_bytes={cfg.max_bytes}); --data.max_bytes None reads it all")
+            f"{cfg.path} (--data.max_bytes {cfg.max_bytes}); without it the whole corpus is read")
 
 
 def build_tokenizer(cfg: DataConfig) -> Tokenizer:

@@ -1,5 +1,6 @@
-"""Text files as the corpus (issue 25): a path alone names its source, max_bytes caps what is read,
-and tokenizing a file costs about 2 bytes per byte of text, not 12."""
+"""Text files as the corpus (issue 25): on the command line a path alone names its source, a
+max_bytes the user sets caps what is read (by default all of it), and tokenizing a file costs about
+2 bytes per byte of text, not 12."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from ember.data import ByteTokenizer, DataConfig, build_batches, corpus_note, text_files, tokenize_documents
+from ember.data import (ByteTokenizer, DataConfig, build_batches, corpus_note, source_from_path, text_files,
+                        tokenize_documents)
 from ember.launch import train
 
 
@@ -22,14 +24,19 @@ def corpus(tmp_path):
 
 @pytest.mark.parametrize("name, source", [("x.txt", "text"), ("x.md", "text"), ("tokens.bin", "bin"), ("docs", "text")])
 def test_a_path_alone_names_its_source(tmp_path, name, source):
-    assert DataConfig(path=str(tmp_path / name)).source == source
-    assert DataConfig(source="text", path=str(tmp_path / name)).source == "text"  # an explicit source stays
-    assert DataConfig().source == "stdlib"
+    assert source_from_path(DataConfig(path=str(tmp_path / name))).source == source
+    assert source_from_path(DataConfig(source="text", path=str(tmp_path / name))).source == "text"  # explicit
+    assert source_from_path(DataConfig()).source == "stdlib"
+
+
+def test_a_saved_config_keeps_its_source(tmp_path):
+    """A run saved with an ignored path trained on stdlib: restoring its config must not change that."""
+    assert DataConfig(path=str(tmp_path / "x.txt")).source == "stdlib"
 
 
 def test_a_jsonl_path_alone_is_refused():
     with pytest.raises(ValueError, match=r"data.path='chat.jsonl' is JSONL .* pass --data.source sft"):
-        DataConfig(path="chat.jsonl")
+        source_from_path(DataConfig(path="chat.jsonl"))
 
 
 def test_train_reads_the_path_without_a_source(corpus, tmp_out, capsys):
@@ -40,7 +47,8 @@ def test_train_reads_the_path_without_a_source(corpus, tmp_out, capsys):
     saved = json.loads((tmp_out / "config.json").read_text())["data"]
     assert (saved["source"], saved["path"]) == ("text", str(corpus))  # was: stdlib, the path ignored
     assert "data: reading the first 0.0 MB of the 0.1 MB at" in capsys.readouterr().out
-    cfg = DataConfig(path=str(corpus), seq_len=16, batch_size=4)
+    cfg = DataConfig(source="text", path=str(corpus), seq_len=16, batch_size=4)
+    assert build_batches(cfg, tokenizer=ByteTokenizer(eos=True)).pipeline.config["num_tokens"] == 120_001  # all of it
     batch = next(build_batches(cfg, tokenizer=ByteTokenizer(eos=True)))
     assert set(batch["inputs"].unique().tolist()) <= set(b"abc\n") | {256}
 
@@ -54,7 +62,7 @@ def test_max_bytes_caps_one_file(corpus):
     it = build_batches(cfg, tokenizer=tok)
     assert it.pipeline.config["num_tokens"] == 1001  # the cap and one EOS; was 120_001
     assert corpus_note(DataConfig(source="text", path=str(corpus), max_bytes=1000)).startswith(
-        f"data: reading the first 0.0 MB of the 0.1 MB at {corpus} (data.max_bytes=1000)")
+        f"data: reading the first 0.0 MB of the 0.1 MB at {corpus} (--data.max_bytes 1000)")
     assert corpus_note(DataConfig(source="text", path=str(corpus), max_bytes=None)) is None
 
 
