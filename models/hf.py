@@ -335,6 +335,11 @@ def from_hf(
     return _adapter_for_config(config, "expected a {}, got {}.").model_cls(config), params
 
 
+_DESCRIPTIVE_KEYS = frozenset({"architectures", "max_position_embeddings", "bos_token_id", "eos_token_id",
+                               "initializer_range", "use_cache"})
+"""`config.json` entries that `to_hf`'s `extra_config` may change: they leave the model's math alone."""
+
+
 def to_hf(
     model: Any,
     params: Params,
@@ -351,7 +356,8 @@ def to_hf(
         path: the output folder (created if needed; existing files of the same names are replaced).
         dtype: cast every tensor to this dtype (also recorded in config.json); None keeps theirs.
         extra_config: more `config.json` entries, e.g. `{"bos_token_id": 0, "eos_token_id": 1}`; it may not
-            change an entry the model's config writes (`pad_token_id` of a Llama-layout model, ...).
+            change an entry of the model's math that its config writes (`pad_token_id`, shapes, ...),
+            only descriptive ones (`_DESCRIPTIVE_KEYS`: `max_position_embeddings`, token ids, ...).
 
     Raises:
         TypeError: `model` is not a native ember model.
@@ -365,7 +371,7 @@ def to_hf(
             f"merge_lora(params['base'], params['lora'], ...)."
         )
     hf = config_to_hf(model.config)  # first: a config the HF family cannot hold is the clearer error
-    clash = {k: v for k, v in (extra_config or {}).items() if k in hf and hf[k] != v}
+    clash = {k: v for k, v in (extra_config or {}).items() if k in hf and hf[k] != v and k not in _DESCRIPTIVE_KEYS}
     if clash:
         k = next(iter(clash))
         raise ValueError(f"extra_config sets {k}={clash[k]!r}, but the model's config writes {k}={hf[k]!r} (it is "

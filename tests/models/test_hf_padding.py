@@ -192,6 +192,8 @@ def test_pad_token_id_round_trips_through_config_json(tmp_path):
     with pytest.raises(ValueError, match=r"extra_config sets pad_token_id=0, but the model's config writes "
                                          r"pad_token_id=None.*config\.replace"):
         to_hf(none, params, tmp_path / "clash", extra_config={"pad_token_id": 0})
+    to_hf(none, params, tmp_path / "described", extra_config={"max_position_embeddings": 64, "bos_token_id": 2})
+    assert json.load(open(os.path.join(tmp_path / "described", "config.json")))["max_position_embeddings"] == 64
 
 
 DEFAULTS = [("llama", "LlamaConfig"), ("qwen2", "Qwen2Config"), ("qwen3", "Qwen3Config"), ("mistral", "MistralConfig"),
