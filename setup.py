@@ -1,6 +1,8 @@
 """Package discovery for the root-as-package layout: every package under the repository root is
 `ember.<name>` (pyproject.toml maps "ember" to "."), so a new folder ships without editing a list."""
 
+import os
+
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
@@ -13,8 +15,9 @@ class BuildPyWithoutThisScript(build_py):
         return [m for m in modules if (m[0], m[1]) != ("ember", "setup")]
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 if __name__ == "__main__":  # how setuptools runs it; an editable install can import it as a module
-    setup(
-        packages=["ember", *(f"ember.{name}" for name in find_packages(exclude=("tests", "tests.*", "build", "build.*")))],
-        cmdclass={"build_py": BuildPyWithoutThisScript},
-    )
+    subpackages = find_packages(HERE, exclude=("tests", "tests.*", "build", "build.*"))
+    setup(packages=["ember", *(f"ember.{name}" for name in subpackages)],
+          cmdclass={"build_py": BuildPyWithoutThisScript})

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -42,6 +43,20 @@ def _source_modules() -> set:
     return found
 
 
+def _run_in_own_group(command: list, *, timeout: float, **popen_kwargs) -> subprocess.CompletedProcess:
+    """Run `command` in its own process group and kill the whole group when it ends or times out."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **popen_kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> pathlib.Path:
     """A wheel built as a user builds one (`pip wheel`), from a copy of the tree without build leftovers."""
@@ -49,10 +64,13 @@ def wheel(tmp_path_factory) -> pathlib.Path:
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__",
                                                               "runs", "out"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp / "dist"), str(src)],
-                   check=True, capture_output=True, text=True, timeout=600)
-    (built,) = (tmp / "dist").glob("ember-*.whl")
-    return built
+    # The build backend comes from the test environment ([test] installs setuptools): no download.
+    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+               "-w", str(tmp / "dist"), str(src)]
+    built = _run_in_own_group(command, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel_file,) = (tmp / "dist").glob("ember-*.whl")
+    return wheel_file
 
 
 @pytest.mark.slow
@@ -70,8 +88,7 @@ def test_every_module_imports_from_the_wheel_alone(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(unpacked)
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
     env["PYTHONPATH"] = os.pathsep.join([str(unpacked), *site.getsitepackages()])
-    out = subprocess.run([sys.executable, "-S", "-c", _IMPORT_EVERY_MODULE], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=900)
+    out = _run_in_own_group([sys.executable, "-S", "-c", _IMPORT_EVERY_MODULE], cwd=tmp_path, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert pathlib.Path(got["file"]).is_relative_to(unpacked), got["file"]
