@@ -131,11 +131,12 @@ def _static_args(fn: Callable, argnums: Any, argnames: Any) -> Tuple[Tuple[int, 
     return tuple(sorted(set(nums))), tuple(sorted(set(names)))
 
 
-def _donate_from_jax(fn: Callable, donate: str, argnums: Any, argnames: Any) -> str:
-    """`donate` from JAX's `donate_argnums` / `donate_argnames`: the first positional argument is "state"."""
+def _donate_from_jax(fn: Callable, argnums: Any, argnames: Any) -> str:
+    """`donate` from JAX's `donate_argnums` / `donate_argnames`: the first positional argument is "state",
+    none (empty sequences) is "none"."""
     nums, names = _as_tuple(argnums), _as_tuple(argnames)
     if not nums and not names:
-        return donate
+        return "none"
     params = _parameters(fn)
     first = params[0].name if params and params[0].kind in (params[0].POSITIONAL_ONLY,
                                                            params[0].POSITIONAL_OR_KEYWORD) else None
@@ -282,7 +283,7 @@ def jit(
         ([2.0, 2.0], 0)
     """
     if fn is not None and (donate_argnums is not None or donate_argnames is not None):
-        jax_donate = _donate_from_jax(fn, "none", donate_argnums, donate_argnames)
+        jax_donate = _donate_from_jax(fn, donate_argnums, donate_argnames)
         if donate not in ("none", jax_donate):
             raise ValueError(f"jit got donate={donate!r} and donate_argnums / donate_argnames meaning "
                              f"donate={jax_donate!r} (JAX's spelling of donate); pass only one.")
