@@ -28,6 +28,13 @@ def _check_tokenizer(tokenizer: object) -> None:
         )
 
 
+def _strings(docs: Iterable[str]) -> Iterator[str]:
+    for doc in docs:
+        if not isinstance(doc, str):
+            raise TypeError(f"documents must be str, got {type(doc).__name__}.")
+        yield doc
+
+
 def _encoded(docs: Iterable[str], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
     """Each document's ids, no EOS; a `ByteTokenizer`'s as uint8 (its UTF-8 bytes, not 4-byte ints)."""
     encode_batch = getattr(tokenizer, "encode_batch", None)
@@ -35,10 +42,8 @@ def _encoded(docs: Iterable[str], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
         for i in range(len(docs)):
             yield np.frombuffer(docs.read_utf8(i), dtype=np.uint8)
         return
-    if isinstance(tokenizer, ByteTokenizer):  # the same ids as its encode(), a quarter of the memory
-        for doc in docs:
-            if not isinstance(doc, str):
-                raise TypeError(f"documents must be str, got {type(doc).__name__}.")
+    if isinstance(tokenizer, ByteTokenizer):  # the same ids as its encode(), without its int32 copy
+        for doc in _strings(docs):
             yield np.frombuffer(doc.encode("utf-8"), dtype=np.uint8)
         return
     if encode_batch is None:
@@ -46,19 +51,13 @@ def _encoded(docs: Iterable[str], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
             yield tokenizer.encode(doc)
         return
     pending: list[str] = []
-    for doc in docs:
-        if not isinstance(doc, str):
-            raise TypeError(f"documents must be str, got {type(doc).__name__}.")
+    for doc in _strings(docs):
         pending.append(doc)
         if len(pending) == _BATCH:
             yield from encode_batch(pending)
             pending = []
     if pending:
         yield from encode_batch(pending)
-
-
-def _eos(tokenizer: Tokenizer, append_eos: bool) -> int | None:
-    return tokenizer.eos_id if append_eos else None
 
 
 def iter_document_tokens(docs: Iterable[str], tokenizer: Tokenizer, *, append_eos: bool = True) -> Iterator[np.ndarray]:
@@ -76,7 +75,7 @@ def iter_document_tokens(docs: Iterable[str], tokenizer: Tokenizer, *, append_eo
         TypeError: if `tokenizer` does not follow the protocol or a document is not a string.
     """
     _check_tokenizer(tokenizer)
-    eos = _eos(tokenizer, append_eos)
+    eos = tokenizer.eos_id if append_eos else None
     for ids in _encoded(docs, tokenizer):
         yield ids.astype(np.int32) if eos is None else np.concatenate([ids, np.asarray([eos], dtype=np.int32)])
 
@@ -112,7 +111,7 @@ def tokenize_documents(
     """
     _check_tokenizer(tokenizer)
     dt = np.dtype(dtype) if dtype is not None else token_dtype(tokenizer.vocab_size)
-    eos = _eos(tokenizer, append_eos)
+    eos = tokenizer.eos_id if append_eos else None
     parts = []
     for ids in _encoded(docs, tokenizer):  # each document straight into the stream's dtype, EOS included
         part = np.empty(len(ids) + (eos is not None), dtype=dt)
