@@ -17,12 +17,17 @@ def _commands(block):
     return [line.split(" #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def _train_commands():
+def _script_commands(script):
+    """(command, its arguments after `script`) for every README command that runs `script`."""
     for block in BLOCKS:
         for command in _commands(block):
             words = shlex.split(command)
-            if "launch/train.py" in words:
-                yield command, words[words.index("launch/train.py") + 1:]
+            if script in words:
+                yield command, words[words.index(script) + 1:]
+
+
+def _train_commands():
+    return _script_commands("launch/train.py")
 
 
 def test_every_block_that_runs_python_names_its_environment():
@@ -50,12 +55,6 @@ def test_every_training_command_is_valid_as_written(command, argv, tmp_path, mon
     assert "total:" in capsys.readouterr().out
 
 
-def _ckpt_commands():
-    for block in BLOCKS:
-        for command in _commands(block):
-            words = shlex.split(command)
-            if "launch/ckpt.py" in words:
-                yield command, words[words.index("launch/ckpt.py") + 1:]
 
 
 def test_checkpoint_commands_run_as_written_and_write_only_where_gitignore_covers(tmp_path, monkeypatch):
@@ -68,7 +67,7 @@ def test_checkpoint_commands_run_as_written_and_write_only_where_gitignore_cover
 
     gitignore = (pathlib.Path(__file__).resolve().parents[1] / ".gitignore").read_text().splitlines()
     ignored = {line.strip("/") for line in gitignore if line.startswith("/") and line.endswith("/")}
-    commands = list(_ckpt_commands())
+    commands = list(_script_commands("launch/ckpt.py"))
     assert [argv[0] for _, argv in commands] == ["list", "export"], commands
     monkeypatch.chdir(tmp_path)
     for run in {argv[1] for _, argv in commands}:
