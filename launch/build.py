@@ -22,7 +22,7 @@ from ember.launch.run_config import TrainConfig
 from ember.optim.config import from_config
 
 __all__ = ["build_model", "build_tokenizer", "check_backend", "compute_dtype", "eval_fn", "evaluator", "initial_state",
-           "step_fn"]
+           "preflight", "step_fn"]
 
 
 def check_backend(cfg: TrainConfig) -> None:
