@@ -5,14 +5,14 @@ Each family is a folder read top to bottom: `llama3/model.py` (attention, MLP, b
 `qwen2/`, `qwen3/`, `mistral/` and `gemma/` reuse Llama's block and say what their configs change.
 
 Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `RMSNorm`, ...), `GPT2`,
-`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
+`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Qwen3Moe`, `Qwen3MoeConfig`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
 `get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
 `estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; `Decoder` (KV-cache generation,
 `ember.models.generation`); bridges `from_torch`,
 `from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2, Qwen3, Mistral and Gemma folders; other causal LMs
 through the bridge); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`.
 
-Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `mistral`, `gemma`) and
+Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `qwen3_moe`, `mistral`, `gemma`) and
 their architectures.
 
 Example:
@@ -60,6 +60,8 @@ from .qwen2 import Qwen2 as Qwen2
 from .qwen2 import Qwen2Config as Qwen2Config
 from .qwen3 import Qwen3 as Qwen3
 from .qwen3 import Qwen3Config as Qwen3Config
+from .qwen3_moe import Qwen3Moe as Qwen3Moe
+from .qwen3_moe import Qwen3MoeConfig as Qwen3MoeConfig
 from .registry import ModelRegistry as ModelRegistry
 from .registry import arch as arch
 from .registry import build_model as build_model
@@ -93,6 +95,8 @@ __all__ = [
     "Qwen2Config",
     "Qwen3",
     "Qwen3Config",
+    "Qwen3Moe",
+    "Qwen3MoeConfig",
     "SUPPORTED_HF_MODELS",
     "TorchModel",
     "arch",

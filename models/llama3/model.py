@@ -283,19 +283,16 @@ class Llama3(Module):
     def declare(self):
         c = self.config
         std = inits.normal(c.init_std)  # HF LlamaPreTrainedModel._init_weights: N(0, initializer_range)
-        rope = RotaryEmbedding(c.head_dim, theta=c.rope_theta, scaling=c.rope_scaling)
-        block = Block(
-            attn=Attention(c.d_model, c.n_heads, c.n_kv_heads, head_dim=c.head_dim, bias=c.qkv_bias, out_bias=False,
-                           window=c.sliding_window, qk_norm=c.qk_norm, norm_eps=c.norm_eps, rope=rope,
-                           qkv_init=std, out_init=std),
-            mlp=self.feed_forward(std),
-            ln_1=self.norm(),
-            ln_2=self.norm(),
-        )
+        layers = [self.block(i, std) for i in range(c.n_layers)]
+        alike = all(layer == layers[0] for layer in layers)
+        if c.scan_layers and not alike:
+            raise ValueError(f"{type(c).__name__}: scan_layers=True stacks identical blocks, and this config mixes "
+                             f"kinds of blocks (dense and mixture-of-experts layers); set scan_layers=False.")
         if c.scan_layers:
-            blocks = Stacked(block, c.n_layers, remat=c.remat)
+            blocks = Stacked(layers[0], c.n_layers, remat=c.remat)
         else:
-            blocks = Sequential.repeat(block, c.n_layers, remat=c.remat)
+            blocks = Sequential.repeat(layers[0], c.n_layers, remat=c.remat) if alike else Sequential(
+                tuple(layers), remat=c.remat)
         spec = {
             "wte": Embedding(c.vocab_size, c.d_model, weight_init=std, padding_idx=c.pad_token_id),
             "blocks": blocks,
@@ -325,14 +322,42 @@ class Llama3(Module):
 
     def features(self, params: Params, tokens: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """The final hidden states `(B, T, d)` (after `ln_f`), before the output projection; as `apply`."""
+        return self.features_and_extras(params, tokens, key=key, **kwargs)[0]
+
+    def features_and_extras(self, params: Params, tokens: Tensor, *, key: Optional[Key] = None,
+                            **kwargs: Any) -> Tuple[Tensor, Any]:
+        """`(features, extras)`: what `features` returns, and what the blocks carry besides the residual
+        stream (None here; a mixture of experts' router stats)."""
         check_tokens(tokens, max_seq_len=self.config.max_seq_len, field="Llama3Config.max_seq_len")
         if kwargs.get("positions") is None:
             kwargs["positions"] = torch.arange(tokens.shape[1], device=tokens.device)  # (T,)
         x = constrain(self.embed(params, tokens, **kwargs), RESIDUAL_AXES)  # (B, T, d)
-        x = self.call("blocks", params, x, key=key, **kwargs)  # (B, T, d)
-        return self.call("ln_f", params, x, **kwargs)
+        x, extras = self.uncarry(self.call("blocks", params, self.carry(x), key=key, **kwargs))  # (B, T, d)
+        return self.call("ln_f", params, x, **kwargs), extras
 
-    # What a Llama-layout family may change (Gemma does): the norm, the feed-forward layer, the embedding.
+    def carry(self, x: Tensor) -> Any:
+        """What the first block receives, given the embeddings `(B, T, d)`: the embeddings themselves."""
+        return x
+
+    def uncarry(self, carry: Any) -> Tuple[Tensor, Any]:
+        """`(residual stream, extras)` from what the last block returns."""
+        return carry, None
+
+    # What a Llama-layout family may change (Gemma does): the norm, the feed-forward layer, the embedding;
+    # a mixture of experts changes the block and what the blocks carry (`ember.models.qwen3_moe`).
+
+    def block(self, layer: int, init: inits.Initializer) -> Module:
+        """Block number `layer`: attention and feed-forward, each pre-normed, each residual."""
+        return Block(attn=self.attention(init), mlp=self.feed_forward(init), ln_1=self.norm(), ln_2=self.norm())
+
+    def attention(self, init: inits.Initializer) -> Module:
+        """The self-attention of each block."""
+        c = self.config
+        rope = RotaryEmbedding(c.head_dim, theta=c.rope_theta, scaling=c.rope_scaling)
+        return Attention(c.d_model, c.n_heads, c.n_kv_heads, head_dim=c.head_dim, bias=c.qkv_bias, out_bias=False,
+                         window=c.sliding_window, qk_norm=c.qk_norm, norm_eps=c.norm_eps, rope=rope,
+                         qkv_init=init, out_init=init)
+
 
     def norm(self) -> Module:
         """The RMSNorm before each branch and at the end."""

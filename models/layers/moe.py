@@ -1,0 +1,181 @@
+"""`MoE`: a mixture-of-experts feed-forward layer (routed SwiGLU experts, optional shared experts).
+
+Public names: `MoE`, `RouterStats`, `empty_router_stats`, `router_losses`.
+
+`apply(params, x) -> (y, stats)`: the router picks k experts per token (`moe_router.py`), the
+tokens go into a static `(G, E, C, d)` buffer (`moe_dispatch.py`, one group per sequence), every
+expert runs its SwiGLU on its slots as one batched matmul over stacked weights, and the outputs
+come back weighted. Under expert parallelism the buffer is constrained from split-by-group
+(`"batch"`, whose mesh axes include `ep`) to split-by-expert (`"expert"` on `ep`): DTensor and
+GSPMD both lower that resharding to an all-to-all, and back.
+
+Parameters (`E` experts, width `d`, expert width `I`; the routed experts' weights are stacked):
+
+    router.weight        (E, d)      axes (None, "embed")
+    router.expert_bias   (E,)        axes (None,)            sigmoid routing with a correction bias
+    gate, up             (E, I, d)   axes ("expert", "mlp", "embed")
+    down                 (E, d, I)   axes ("expert", "embed", "mlp")
+    shared.*             the shared experts' layer, when there is one
+
+`stats` are the sums the losses need, over the layer's tokens (`RouterStats`): a model adds them
+up over its MoE layers and `router_losses` turns them into transformers' pooled auxiliary loss,
+the router z-loss and the per-step metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...core.partition_specs import constrain
+from ...core.remat_policies import checkpoint_name
+from ...core.types import Key, Params
+from . import initializers as inits
+from .moe_dispatch import assign_slots, combine, dispatch, expert_capacity
+from .moe_router import Router, bias_signal
+from .module import Module
+from .param import Param
+
+__all__ = ["MoE", "RouterStats", "empty_router_stats", "router_losses"]
+
+RouterStats = Dict[str, Tensor]
+"""Sums over tokens and MoE layers, all float32: `counts` (E,) routed pairs per expert, `probs` (E,)
+router probabilities per expert, `rows` tokens routed, `z` squared log-sum-exp of the logits,
+`pairs` (token, expert) pairs, `dropped` pairs that found their expert full, `max_load` the busiest
+expert's load over the mean (the maximum over layers), `bias` the zero-valued bias signal."""
+
+_BUFFER_BY_GROUP = ("batch", None, None, "embed")  # (G, E, C, d) as the tokens arrive: split by sequence
+_BUFFER_BY_EXPERT = ("batch_no_expert", "expert", None, "embed")  # each device holds its experts' slots
+
+
+def empty_router_stats(n_experts: int, device: Any = None) -> RouterStats:
+    """Zero stats for a model's first layer (the carry's start)."""
+    zero = torch.zeros((), device=device)
+    return {"counts": torch.zeros(n_experts, device=device), "probs": torch.zeros(n_experts, device=device),
+            "rows": zero, "z": zero, "pairs": zero, "dropped": zero, "max_load": zero, "bias": zero}
+
+
+def add_router_stats(total: RouterStats, layer: RouterStats) -> RouterStats:
+    """`total` with one more layer's stats added (`max_load` keeps the larger)."""
+    return {name: torch.maximum(t, layer[name]) if name == "max_load" else t + layer[name]
+            for name, t in total.items()}
+
+
+def router_losses(stats: RouterStats, n_experts: int) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
+    """`(aux_loss, z_loss, metrics)` from a model's summed stats.
+
+    `aux_loss` is transformers' `load_balancing_loss_func`: `E * sum_e f_e * P_e`, with `f_e` the
+    routed pairs and `P_e` the router probability of expert e, each divided by the tokens routed
+    in all MoE layers together (pooled over layers, not averaged per layer). `z_loss` is the mean
+    squared log-sum-exp of the router logits (ST-MoE). Metrics: `moe_aux_loss`, `moe_z_loss`,
+    `moe_dropped` (fraction of pairs dropped), `moe_max_load` (busiest expert over the mean).
+    """
+    rows = stats["rows"].clamp(min=1.0)
+    aux = n_experts * torch.sum((stats["counts"] / rows) * (stats["probs"] / rows))
+    z = stats["z"] / rows
+    metrics = {"moe_aux_loss": aux.detach(), "moe_z_loss": z.detach(),
+               "moe_dropped": (stats["dropped"] / stats["pairs"].clamp(min=1.0)).detach(),
+               "moe_max_load": stats["max_load"].detach()}
+    return aux, z, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class MoE(Module):
+    """Routed SwiGLU experts plus optional shared experts: `apply(params, x) -> (y, stats)`.
+
+    Attributes:
+        router: picks the experts (its `n_experts`, `top_k` are the layer's).
+        hidden: I, each routed expert's inner width (HF `moe_intermediate_size`).
+        capacity_factor: slots per expert and sequence as a multiple of the even share `S * k / E`
+            (pairs beyond it are dropped); None: dropless (`S` slots).
+        shared: a feed-forward layer every token also goes through (DeepSeek-V3's shared experts),
+            added unweighted; None for none.
+        expert_init: initializer of the expert weights.
+        dtype: parameter dtype.
+    """
+
+    router: Router
+    hidden: int
+    capacity_factor: Optional[float] = None
+    shared: Optional[Module] = None
+    expert_init: inits.Initializer = inits.normal(0.02)
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def n_experts(self) -> int:
+        return self.router.n_experts
+
+    def validate(self) -> None:
+        if not (isinstance(self.hidden, int) and self.hidden > 0):
+            raise ValueError(f"MoE.hidden must be a positive int, got {self.hidden!r}.")
+        cf = self.capacity_factor
+        if cf is not None and not (isinstance(cf, (int, float)) and cf > 0):
+            raise ValueError(f"MoE.capacity_factor must be > 0 (1.25 keeps 25% headroom over an even share), or None "
+                             f"for dropless routing; got {cf!r}.")
+
+    def declare(self):
+        E, I, d = self.n_experts, self.hidden, self.router.d_model
+
+        def weight(shape, axes):
+            return Param(shape, init=self.expert_init, axes=axes, dtype=self.dtype)
+
+        spec = {
+            "router": self.router,
+            "gate": weight((E, I, d), ("expert", "mlp", "embed")),
+            "up": weight((E, I, d), ("expert", "mlp", "embed")),
+            "down": weight((E, d, I), ("expert", "embed", "mlp")),
+        }
+        if self.shared is not None:
+            spec["shared"] = self.shared
+        return spec
+
+    def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None,
+              **kwargs: Any) -> Tuple[Tensor, RouterStats]:
+        """Args: x: (B, T, d); `attention_mask` (B, T) in kwargs leaves padding out of the stats.
+        Returns: `(y (B, T, d), stats)`."""
+        B, T, d = x.shape
+        E, k = self.n_experts, self.router.top_k
+        routing = self.call("router", params, x.reshape(B * T, d), **kwargs)
+        C = expert_capacity(T, k, E, self.capacity_factor)
+        slots = assign_slots(routing.indices.view(B, T, k), E, C)
+        buffer = constrain(dispatch(x, slots, E, C), _BUFFER_BY_GROUP)  # (B, E, C, d)
+        buffer = constrain(buffer, _BUFFER_BY_EXPERT)  # the all-to-all under expert parallelism
+        out = constrain(self._experts(params, buffer), _BUFFER_BY_EXPERT)  # (B, E, C, d)
+        out = constrain(out, _BUFFER_BY_GROUP)  # and back
+        y = combine(out, slots, routing.weights.view(B, T, k)).to(x.dtype)  # (B, T, d)
+        if self.shared is not None:
+            y = y + self.call("shared", params, x, **kwargs)
+        return y, self._stats(params, routing, slots, kwargs.get("attention_mask"))
+
+    def _experts(self, params: Params, buffer: Tensor) -> Tensor:
+        """Every expert's SwiGLU on its slots. Args: buffer: (G, E, C, d). Returns: (G, E, C, d)."""
+        gate = torch.einsum("gecd,eid->geci", buffer, params["gate"])
+        up = torch.einsum("gecd,eid->geci", buffer, params["up"])
+        h = checkpoint_name(F.silu(gate) * up, "mlp_hidden")  # (G, E, C, I)
+        return torch.einsum("geci,edi->gecd", h, params["down"])
+
+    def _stats(self, params: Params, routing: Any, slots: Any, mask: Optional[Tensor]) -> RouterStats:
+        """This layer's `RouterStats`; tokens where `mask` is 0 count for nothing but capacity."""
+        N, k = routing.indices.shape
+        w = torch.ones(N, device=routing.logits.device) if mask is None else mask.reshape(N).to(torch.float32)
+        onehot = F.one_hot(routing.indices, self.n_experts).to(torch.float32).sum(1)  # (N, E)
+        counts = (onehot * w.unsqueeze(-1)).sum(0).detach()  # (E,)
+        load = slots.counts.sum(0)  # (E,) every token, as the buffer saw them
+        stats = {
+            "counts": counts,
+            "probs": (routing.probs * w.unsqueeze(-1)).sum(0),
+            "rows": w.sum(),
+            "z": (torch.logsumexp(routing.logits, dim=-1).square() * w).sum(),
+            "pairs": torch.tensor(float(N * k), device=w.device),
+            "dropped": slots.dropped,
+            "max_load": (load.max() / load.mean().clamp(min=1e-9)).detach(),
+            "bias": torch.zeros((), device=w.device),
+        }
+        bias = params["router"].get("expert_bias")
+        if bias is not None:
+            stats["bias"] = bias_signal(bias, load)
+        return stats

@@ -1,0 +1,125 @@
+"""Qwen3-MoE (Alibaba, "Qwen3 Technical Report", 2025): Qwen3's decoder with mixture-of-experts layers.
+
+Public names: `MoEBlock`, `Qwen3Moe`.
+
+Attention, norms and embeddings are Qwen3's (`ember.models.qwen3`, which is Llama's block with q/k
+norms). The feed-forward layer of a MoE block is `ember.models.layers.MoE`: a router picks
+`experts_per_token` of `n_experts` SwiGLU experts per token, plus optional shared experts; dense
+blocks (`first_dense_layers`, `mlp_only_layers`, `decoder_sparse_step`) keep a SwiGLU.
+
+The blocks carry `(x, router_stats)`: each MoE block adds its router's sums to the stats, so the
+balancing losses see every layer (transformers pools its auxiliary loss over layers) while the
+step stays one pure function. `features_and_extras` returns them; `ember.models.lm_loss` turns
+them into the auxiliary loss, the z-loss and the `moe_*` metrics (`router_losses`).
+
+Parameter tree, on top of Qwen3's attention and norms (`E = n_experts`, `I = moe_ffn_dim`):
+
+    blocks.{i}.mlp.router.weight        (E, d)
+    blocks.{i}.mlp.router.expert_bias   (E,)          sigmoid router with expert_bias
+    blocks.{i}.mlp.{gate,up}            (E, I, d)     axes ("expert", "mlp", "embed")
+    blocks.{i}.mlp.down                 (E, d, I)     axes ("expert", "embed", "mlp")
+    blocks.{i}.mlp.shared.{gate,up,down}              n_shared_experts > 0 (a SwiGLU of width n*I)
+    blocks.{i}.mlp.{gate,up,down}.weight              a dense block: Llama's SwiGLU
+
+Example:
+    >>> import torch
+    >>> from ember.core import random
+    >>> from ember.models import build_model
+    >>> model = build_model("qwen3_moe", "tiny")
+    >>> params = model.init(random.key(0))
+    >>> tuple(params["blocks"][0]["mlp"]["gate"].shape)
+    (8, 64, 128)
+    >>> hidden, stats = model.features_and_extras(params, torch.zeros(2, 16, dtype=torch.long))
+    >>> hidden.shape, float(stats["rows"])     # 2 MoE layers x 32 tokens
+    (torch.Size([2, 16, 128]), 64.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Tuple
+
+from torch import Tensor
+
+from ...core.partition_specs import constrain
+from ...core.types import Key, Params
+from ..layers import Module
+from ..layers import initializers as inits
+from ..layers.axes import RESIDUAL_AXES
+from ..layers.moe import MoE, RouterStats, add_router_stats, empty_router_stats
+from ..layers.moe_router import Router
+from ..llama3.model import SwiGLU
+from ..qwen3.model import Qwen3
+from .config import Qwen3MoeConfig
+
+__all__ = ["MoEBlock", "Qwen3Moe"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEBlock(Module):
+    """Llama's pre-norm block over the carry `(x, router_stats)`; a `MoE` feed-forward adds its stats.
+
+    Attributes:
+        attn: the token mixer.
+        mlp: a `MoE`, or a dense feed-forward layer `(B, T, d) -> (B, T, d)`.
+        ln_1: norm before `attn`.
+        ln_2: norm before `mlp`.
+    """
+
+    attn: Module
+    mlp: Module
+    ln_1: Module
+    ln_2: Module
+
+    def declare(self):
+        return {"ln_1": self.ln_1, "attn": self.attn, "ln_2": self.ln_2, "mlp": self.mlp}
+
+    def apply(self, params: Params, carry: Tuple[Tensor, RouterStats], *, key: Optional[Key] = None,
+              **kwargs: Any) -> Tuple[Tensor, RouterStats]:
+        """Args: carry: `(x (B, T, d), stats)`. Returns: the next `(x, stats)`."""
+        x, stats = carry
+        h = self.call("ln_1", params, x, key=key, **kwargs)
+        x = constrain(x + self.call("attn", params, h, key=key, **kwargs), RESIDUAL_AXES)  # (B, T, d)
+        h = self.call("ln_2", params, x, key=key, **kwargs)
+        y = self.call("mlp", params, h, key=key, **kwargs)
+        if isinstance(self.mlp, MoE):
+            y, layer_stats = y
+            stats = add_router_stats(stats, layer_stats)
+        return constrain(x + y, RESIDUAL_AXES), stats
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Moe(Qwen3):
+    """The Qwen3-MoE language model: `apply(params, tokens) -> logits` (see `Llama3` for the arguments).
+
+    Attributes:
+        config: the hyperparameters.
+    """
+
+    config: Qwen3MoeConfig = Qwen3MoeConfig()
+
+    def validate(self) -> None:
+        if not isinstance(self.config, Qwen3MoeConfig):
+            raise TypeError(f"{type(self).__name__} needs a Qwen3MoeConfig, got {type(self.config).__name__}.")
+
+    def block(self, layer: int, init: inits.Initializer) -> Module:
+        c = self.config
+        mlp = self.experts(init) if c.is_moe_layer(layer) else self.feed_forward(init)
+        return MoEBlock(attn=self.attention(init), mlp=mlp, ln_1=self.norm(), ln_2=self.norm())
+
+    def experts(self, init: inits.Initializer) -> MoE:
+        """The feed-forward layer of a MoE block."""
+        c = self.config
+        router = Router(c.d_model, c.n_experts, c.experts_per_token, style=c.router, renormalize=c.norm_topk_prob,
+                        n_groups=c.n_expert_groups, topk_groups=c.topk_groups, scaling=c.routed_scaling_factor,
+                        expert_bias=c.expert_bias, weight_init=init)
+        shared = None
+        if c.n_shared_experts:
+            shared = SwiGLU(c.d_model, c.n_shared_experts * c.moe_ffn_dim, gate_init=init, down_init=init)
+        return MoE(router, c.moe_ffn_dim, capacity_factor=c.capacity_factor, shared=shared, expert_init=init)
+
+    def carry(self, x: Tensor) -> Tuple[Tensor, RouterStats]:
+        return x, empty_router_stats(self.config.n_experts, device=x.device)
+
+    def uncarry(self, carry: Tuple[Tensor, RouterStats]) -> Tuple[Tensor, RouterStats]:
+        return carry
