@@ -1,6 +1,6 @@
 """Built-in run configs, registered with `ember.launch.run_config` when this module is imported.
 
-Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `tiny_chat_sft`, `llama3_125m`
+Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `qwen3_moe_tiny`, `tiny_chat_sft`, `llama3_125m`
 (the functions building each config).
 
 `llama3_tiny` is the default of `launch/train.py` and `make train`: a small Llama-style model
@@ -25,7 +25,7 @@ from ember.launch.run_config import TrainConfig, register_config
 from ember.models import get_config
 from ember.optim.config import OptimConfig
 
-__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny", "tiny_chat_sft"]
+__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_moe_tiny", "tiny_chat_sft"]
 
 _BYTE_VOCAB = 320  # 257 byte-tokenizer ids padded to a multiple of 64
 
@@ -80,6 +80,13 @@ def qwen2_tiny() -> TrainConfig:
 def mistral_tiny() -> TrainConfig:
     """The Mistral family's toy model (`llama3_tiny`'s shapes, a 64-token window) on the same data and schedule."""
     return _llama_layout_tiny("mistral")
+
+
+@register_config("qwen3_moe_tiny")
+def qwen3_moe_tiny() -> TrainConfig:
+    """A Qwen3-MoE toy (`llama3_tiny`'s attention; 8 experts of width 128, top-2, dropless) on the same data."""
+    base = _llama_layout_tiny("qwen3_moe")
+    return dataclasses.replace(base, model=base.model.replace(moe_ffn_dim=128))
 
 
 @register_config("tiny_chat_sft")

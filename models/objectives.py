@@ -35,24 +35,40 @@ def lm_loss(model: Any, *, z_loss: float = 0.0, ignore_index: int = -100) -> Cal
     When the model's config sets `loss_chunk_size`, the head and the loss run chunk by chunk
     (`chunked_cross_entropy`): the whole `(B, T, V)` logits never exist.
 
+    A mixture-of-experts model (one with `auxiliary_loss`, e.g. `ember.models.Qwen3Moe`) adds its
+    router losses (load balancing, z-loss) to the total and returns its `moe_*` metrics beside it.
+
     Returns:
-        `loss_fn(params, batch, *, key) -> TokenLoss(sum, count)`: `train_step` divides the summed
-        loss by the valid tokens of the whole step, whatever the microbatches or mesh.
+        `loss_fn(params, batch, *, key) -> TokenLoss(sum, count)` (or `(TokenLoss, metrics)` for a
+        mixture of experts): `train_step` divides the summed loss by the valid tokens of the whole
+        step, whatever the microbatches or mesh.
     """
 
     chunk_size = getattr(getattr(model, "config", None), "loss_chunk_size", 0)
+    routed = callable(getattr(model, "auxiliary_loss", None))  # a mixture of experts: router losses and metrics
 
-    def loss_fn(params: Params, batch: Batch, *, key: Key | None) -> TokenLoss:
+    def loss_fn(params: Params, batch: Batch, *, key: Key | None) -> Any:
         extra = {k: v for k, v in batch.items() if k not in ("inputs", "targets")}
-        if chunk_size:
+        if not (chunk_size or routed):
+            logits = model.apply(params, batch["inputs"], key=key, **extra)  # (B, T, V)
+            return cross_entropy(
+                logits, batch["targets"], ignore_index=ignore_index, z_loss=z_loss, reduction="sum_and_count"
+            )
+        if routed:
+            hidden, router_stats = model.features_and_extras(params, batch["inputs"], key=key, **extra)  # (B, T, d)
+        else:
             hidden = model.features(params, batch["inputs"], key=key, **extra)  # (B, T, d)
-            name, head = model.head()
-            return chunked_cross_entropy(head, params[name], hidden, batch["targets"], chunk_size=chunk_size,
+        name, head = model.head()
+        if chunk_size:
+            loss = chunked_cross_entropy(head, params[name], hidden, batch["targets"], chunk_size=chunk_size,
                                          ignore_index=ignore_index, z_loss=z_loss)
-        logits = model.apply(params, batch["inputs"], key=key, **extra)  # (B, T, V)
-        return cross_entropy(
-            logits, batch["targets"], ignore_index=ignore_index, z_loss=z_loss, reduction="sum_and_count"
-        )
+        else:
+            loss = cross_entropy(head(params[name], hidden, **extra).float(), batch["targets"],
+                                 ignore_index=ignore_index, z_loss=z_loss, reduction="sum_and_count")
+        if not routed:
+            return loss
+        extra_total, metrics = model.auxiliary_loss(router_stats, loss.count)
+        return TokenLoss(loss.total + extra_total, loss.count), metrics
 
     return loss_fn
 

@@ -16,8 +16,11 @@ parallel in (`heads`, `kv_heads`, `mlp`, `vocab` split over `tp` on the output d
 parallel out (`wo`, `down` split over `tp` on the input dimension).
 
 The ready-made layouts name the mesh axes `dp` (data parallel: batch only), `fsdp` (batch and
-parameter storage) and `tp` (tensor parallel); `for_mesh` keeps only the axes a mesh has, so
-`--mesh dp=2`, `--mesh fsdp=4` and `--mesh fsdp=2,tp=2` all use `fsdp_tp()`.
+parameter storage), `tp` (tensor parallel) and `ep` (expert parallel: the stacked experts of a
+mixture of experts, and a batch axis everywhere else, as MaxText's expert axis); `for_mesh` keeps
+only the axes a mesh has, so `--mesh dp=2`, `--mesh fsdp=2,tp=2` and `--mesh ep=2,fsdp=2` all use
+`fsdp_tp()`. A MoE layer's dispatch buffer is `("batch", ...)` as tokens arrive and
+`("batch_no_expert", "expert", ...)` while the experts run: from one to the other is an all-to-all.
 
 Example:
     >>> from ember.core.partition_specs import resolve
@@ -25,7 +28,9 @@ Example:
     >>> resolve(("mlp", "embed"), lay.params), resolve(("mlp", "embed"), lay.compute)
     (PartitionSpec('tp', 'fsdp'), PartitionSpec('tp', None))
     >>> resolve(("batch", "sequence", "embed"), lay.compute)
-    PartitionSpec(('dp', 'fsdp'), None, None)
+    PartitionSpec(('dp', 'fsdp', 'ep'), None, None)
+    >>> resolve(("expert", "mlp", "embed"), lay.params)     # stacked experts: split over ep
+    PartitionSpec('ep', 'tp', 'fsdp')
     >>> resolve(("mlp", "embed"), fsdp_tp().restrict_to(("dp",)).params)   # dp only: replicated
     PartitionSpec(None, None)
 """
@@ -69,7 +74,9 @@ class Layout:
 # Activations: a batch is split over every data-like axis; heads, MLP features and vocabulary logits
 # follow the tensor-parallel weights; the residual stream (embed) and the sequence stay whole.
 ACTIVATION_RULES = Rules([
-    ("batch", ("dp", "fsdp")),
+    ("batch", ("dp", "fsdp", "ep")),
+    ("batch_no_expert", ("dp", "fsdp")),
+    ("expert", "ep"),
     ("sequence", None),
     ("heads", "tp"),
     ("kv_heads", "tp"),
@@ -80,43 +87,45 @@ ACTIVATION_RULES = Rules([
     ("layers", None),
 ])
 
-_TP_WEIGHTS = [("layers", None), ("vocab", "tp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp")]
-_WHOLE = [("layers", None), ("vocab", None), ("heads", None), ("kv_heads", None), ("mlp", None), ("embed", None)]
+_TP_WEIGHTS = [("layers", None), ("expert", "ep"), ("vocab", "tp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp")]
+_WHOLE = [("layers", None), ("expert", None), ("vocab", None), ("heads", None), ("kv_heads", None), ("mlp", None), ("embed", None)]
 
 
 def data_parallel(axis: str = "dp") -> Layout:
     """Replicated parameters, batch split over `axis` (gradients all-reduced)."""
-    return Layout(Rules(_WHOLE), Rules([("batch", axis)]) + _WHOLE, "data_parallel")
+    return Layout(Rules(_WHOLE), Rules([("batch", axis), ("batch_no_expert", axis)]) + _WHOLE, "data_parallel")
 
 
 def fsdp(axis: str = "fsdp") -> Layout:
     """ZeRO-3: parameters stored split over `axis` on `embed`, gathered per layer; batch split over `axis`."""
-    return Layout(Rules([("embed", axis)]) + _WHOLE, Rules([("batch", axis)]) + _WHOLE, "fsdp")
+    return Layout(Rules([("embed", axis)]) + _WHOLE, Rules([("batch", axis), ("batch_no_expert", axis)]) + _WHOLE,
+                  "fsdp")
 
 
 def tensor_parallel(axis: str = "tp") -> Layout:
     """Megatron: column-parallel in (heads, kv_heads, mlp, vocab), row-parallel out; batch replicated."""
     rules = Rules([(n, axis if m == "tp" else m) for n, m in _TP_WEIGHTS]) + [("embed", None)]
-    acts = Rules([("batch", None)] + [(n, axis if m == "tp" else m) for n, m in ACTIVATION_RULES if n != "batch"])
+    acts = Rules([("batch", None), ("batch_no_expert", None), ("expert", None)]
+                 + [(n, axis if m == "tp" else m) for n, m in ACTIVATION_RULES if not n.startswith(("batch", "expert"))])
     return Layout(rules, acts, "tensor_parallel")
 
 
 def fsdp_tp() -> Layout:
-    """The general layout over mesh axes `dp`, `fsdp`, `tp` (use `restrict_to` / `for_mesh` for fewer)."""
+    """The general layout over mesh axes `dp`, `fsdp`, `tp`, `ep` (use `restrict_to` / `for_mesh` for fewer)."""
     return Layout(Rules(_TP_WEIGHTS) + [("embed", "fsdp")] + _WHOLE, ACTIVATION_RULES, "fsdp_tp")
 
 
 def for_mesh(mesh_names: Sequence[str]) -> Layout:
-    """`fsdp_tp()` restricted to the axes of a mesh whose axes are among `dp`, `fsdp`, `tp`.
+    """`fsdp_tp()` restricted to the axes of a mesh whose axes are among `dp`, `fsdp`, `tp`, `ep`.
 
     Raises:
         ShardingRuleError: the mesh has an axis the ready-made layout does not use (name your own rules).
     """
     names = tuple(getattr(mesh_names, "names", mesh_names))
-    unknown = [n for n in names if n not in ("dp", "fsdp", "tp")]
+    unknown = [n for n in names if n not in ("dp", "fsdp", "tp", "ep")]
     if unknown:
         raise ShardingRuleError(
-            f"mesh axis {unknown[0]!r} is not used by the ready-made layout (axes dp, fsdp, tp); rename it, or pass "
+            f"mesh axis {unknown[0]!r} is not used by the ready-made layout (axes dp, fsdp, tp, ep); rename it, or pass "
             f"your own rules, e.g. Layout.same([('batch', {unknown[0]!r}), ...])."
         )
     return fsdp_tp().restrict_to(names)

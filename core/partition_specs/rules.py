@@ -134,6 +134,32 @@ class Rules(tuple):
         return Rules(keep)
 
 
+EXPERT_AXIS = "expert"
+"""The logical axis of stacked experts: its mesh axis carries the all-to-all of expert parallelism."""
+
+
+def _check_expert_axis(axes: Tuple[Optional[str], ...], result: list, pos: int, rule: Rule, i: int,
+                       mesh_sizes: Optional[Mapping[str, int]], name: str) -> None:
+    """Refuse a rule that would put the expert dimension's mesh axis on a second dimension of one tensor.
+
+    Flax semantics would quietly fall back to the next rule; for experts that hides a layout GSPMD
+    turns from an all-to-all into an all-gather plus a reduce-scatter (maxtext#4179).
+    """
+    for d, r in enumerate(result):
+        if r is _UNASSIGNED or r is None:
+            continue
+        shared = set(_mesh_tuple(r)) & set(_mesh_tuple(rule[1]))
+        if mesh_sizes is not None:
+            shared = {a for a in shared if mesh_sizes.get(a, 1) > 1}
+        if shared and EXPERT_AXIS in (axes[d], axes[pos]):
+            other = axes[pos] if axes[d] == EXPERT_AXIS else axes[d]
+            raise ShardingRuleError(
+                f"{name}: rule {i} {rule} maps '{axes[pos]}' to mesh axis {sorted(shared)[0]!r}, which dimension "
+                f"'{axes[d]}' of the same tensor (axes {axes}) already uses; one tensor may put '{EXPERT_AXIS}' on a "
+                f"mesh axis and nothing else there (else the token exchange is no longer an all-to-all). Map "
+                f"'{other}' to another mesh axis or to None before that rule.")
+
+
 def resolve(
     axes: Sequence[Optional[str]],
     rules: Rules,
@@ -182,6 +208,7 @@ def resolve(
             continue
         taken = {a for r in result if r is not unassigned for a in _mesh_tuple(r)}
         if taken.intersection(_mesh_tuple(mesh_axes)):
+            _check_expert_axis(axes, result, pos, (logical, mesh_axes), i, mesh_sizes, name)
             blocked.setdefault(pos, (i, (logical, mesh_axes)))
             continue
         result[pos] = mesh_axes

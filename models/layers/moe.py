@@ -35,7 +35,7 @@ from ...core.partition_specs import constrain
 from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from . import initializers as inits
-from .moe_dispatch import assign_slots, combine, dispatch, expert_capacity
+from .moe_dispatch import assign_slots, combine, dispatch, expert_capacity, one_hot
 from .moe_router import Router, bias_signal
 from .module import Module
 from .param import Param
@@ -162,7 +162,7 @@ class MoE(Module):
         """This layer's `RouterStats`; tokens where `mask` is 0 count for nothing but capacity."""
         N, k = routing.indices.shape
         w = torch.ones(N, device=routing.logits.device) if mask is None else mask.reshape(N).to(torch.float32)
-        onehot = F.one_hot(routing.indices, self.n_experts).to(torch.float32).sum(1)  # (N, E)
+        onehot = one_hot(routing.indices, self.n_experts, torch.float32).sum(1)  # (N, E)
         counts = (onehot * w.unsqueeze(-1)).sum(0).detach()  # (E,)
         load = slots.counts.sum(0)  # (E,) every token, as the buffer saw them
         stats = {

@@ -1,6 +1,6 @@
 """Token dispatch for mixtures of experts, with static shapes: tokens -> (G, E, C, d) buffer -> tokens.
 
-Public names: `Slots`, `expert_capacity`, `assign_slots`, `dispatch`, `combine`.
+Public names: `Slots`, `expert_capacity`, `assign_slots`, `dispatch`, `combine`, `one_hot`.
 
 Tokens are routed group by group (a group is one sequence of the batch). Each expert has `C`
 slots per group; a (token, expert) pair takes the next free slot of its expert, first choices
@@ -29,7 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Slots", "assign_slots", "combine", "dispatch", "expert_capacity"]
+__all__ = ["Slots", "assign_slots", "combine", "dispatch", "expert_capacity", "one_hot"]
+
+
+def one_hot(indices: Tensor, n: int, dtype: torch.dtype) -> Tensor:
+    """`F.one_hot(indices, n)` in `dtype`, without its range check (a value read, which a traced step cannot do)."""
+    return (indices.unsqueeze(-1) == torch.arange(n, device=indices.device)).to(dtype)
 
 
 def expert_capacity(tokens: int, top_k: int, n_experts: int, capacity_factor: Optional[float]) -> int:
@@ -61,7 +66,7 @@ def assign_slots(indices: Tensor, n_experts: int, capacity: int) -> Slots:
     G, S, k = indices.shape
     E, C = n_experts, capacity
     order = indices.transpose(1, 2).reshape(G, k * S)  # (G, k*S): first choices of all tokens first
-    onehot = F.one_hot(order, E).to(torch.int32)  # (G, k*S, E)
+    onehot = one_hot(order, E, torch.int32)  # (G, k*S, E)
     position = (onehot.cumsum(1) * onehot).sum(-1) - 1  # (G, k*S): the pair's rank among its expert's pairs
     kept = position < C
     slot = torch.where(kept, order * C + position, torch.full_like(order, E * C))  # (G, k*S)

@@ -37,8 +37,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
+import torch
 from torch import Tensor
 
 from ...core.partition_specs import constrain
@@ -46,7 +47,7 @@ from ...core.types import Key, Params
 from ..layers import Module
 from ..layers import initializers as inits
 from ..layers.axes import RESIDUAL_AXES
-from ..layers.moe import MoE, RouterStats, add_router_stats, empty_router_stats
+from ..layers.moe import MoE, RouterStats, add_router_stats, empty_router_stats, router_losses
 from ..layers.moe_router import Router
 from ..llama3.model import SwiGLU
 from ..qwen3.model import Qwen3
@@ -123,3 +124,15 @@ class Qwen3Moe(Qwen3):
 
     def uncarry(self, carry: Tuple[Tensor, RouterStats]) -> Tuple[Tensor, RouterStats]:
         return carry
+
+    def auxiliary_loss(self, stats: RouterStats, tokens: Tensor) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """`(addend, metrics)`: what the router losses add to a summed token loss over `tokens` tokens.
+
+        The addend is `tokens * (router_aux_loss_coef * aux + router_z_loss_coef * z)`, so the mean
+        loss gains the weighted losses as in transformers, plus the expert-bias signal (zero in
+        value; its gradient is each expert's load, `ember.optim.balance_experts`).
+        """
+        c = self.config
+        aux, z, metrics = router_losses(stats, c.n_experts)
+        weight = tokens.detach().to(torch.float32)
+        return weight * (c.router_aux_loss_coef * aux + c.router_z_loss_coef * z) + stats["bias"], metrics
