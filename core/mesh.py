@@ -171,6 +171,20 @@ class Mesh:
     def __repr__(self) -> str:
         return f"Mesh({str(self)!r}, backend={self.backend!r})"
 
+    def in_order(self, order: Sequence[str]) -> "Mesh":
+        """This mesh with the axes named in `order` laid out in that order (the others keep their places).
+
+        A split over several axes is major-first in mesh order, so where a layout needs one axis
+        inside another (expert parallelism: `ep` minor to the other batch axes, so its token
+        exchange is an all-to-all over `ep` alone), the launchers put the mesh in the layout's order.
+        """
+        slots = [i for i, (n, _) in enumerate(self.axes) if n in order]
+        ranked = sorted((self.axes[i] for i in slots), key=lambda a: list(order).index(a[0]))
+        axes = list(self.axes)
+        for i, a in zip(slots, ranked):
+            axes[i] = a
+        return Mesh(tuple(axes), self.backend)
+
     # ---- checks ------------------------------------------------------------------------------
 
     def validate(self, devices: int) -> "Mesh":

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ember.core.mesh import Mesh
-from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
+from ember.core.partition_specs import MESH_ORDER, Sharding, for_mesh, shard, shard_batch, use_sharding
 from ember.core.pytree import tree_map
 
 
@@ -40,7 +40,7 @@ def setup(mesh_text: Optional[str]) -> Optional[Sharding]:
             f"start it as `torchrun --nproc-per-node N launch/train.py --mesh {mesh_text} ...` with N the mesh size, "
             f"or drop --mesh for a single process (launch/tpu_pod.py runs a mesh on torch_xla)."
         )
-    mesh = Mesh.parse(mesh_text or "dp=-1", devices=world, backend="dtensor")
+    mesh = Mesh.parse(mesh_text or "dp=-1", devices=world, backend="dtensor").in_order(MESH_ORDER)
     return Sharding(mesh, for_mesh(mesh.names))
 
 

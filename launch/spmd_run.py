@@ -15,7 +15,7 @@ from typing import Callable
 from ember import data
 from ember.core import jit
 from ember.core.mesh import Mesh
-from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
+from ember.core.partition_specs import MESH_ORDER, Sharding, for_mesh, shard, shard_batch, use_sharding
 from ember.core.partition_specs.report import describe_sharding
 from ember.launch import build, checkpointing
 from ember.launch.interrupt import GracefulStop
@@ -32,7 +32,8 @@ def train(cfg: TrainConfig, args: argparse.Namespace, *, say: Callable[..., None
     import torch_xla.runtime as xr  # imported here: the module imports without torch_xla
 
     check = args.check if args.check is not None else os.environ.get("PJRT_DEVICE", "").upper() == "CPU"
-    model, mesh = build.build_model(cfg), Mesh.parse(args.mesh, devices=xr.global_runtime_device_count(), backend="xla")
+    mesh = Mesh.parse(args.mesh, devices=xr.global_runtime_device_count(), backend="xla").in_order(MESH_ORDER)
+    model = build.build_model(cfg)
     tokenizer, sharding = build.build_tokenizer(cfg, model), Sharding(mesh, for_mesh(mesh.names))
     state0 = build.initial_state(cfg, model)
     say(f"{sharding.lowering!r}, {xr.process_count()} process(es)")

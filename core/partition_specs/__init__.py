@@ -1,7 +1,7 @@
 """ember.core.partition_specs: logical-axis rules -> `PartitionSpec` -> DTensor or torch_xla SPMD.
 
 Public names: `PartitionSpec`, `Rules`, `ShardingRuleError`, `resolve`, `resolve_tree`, `Layout`,
-`ACTIVATION_RULES`, `data_parallel`, `fsdp`, `tensor_parallel`, `fsdp_tp`, `for_mesh`, `Sharding`,
+`ACTIVATION_RULES`, `MESH_ORDER`, `data_parallel`, `fsdp`, `tensor_parallel`, `fsdp_tp`, `for_mesh`, `Sharding`,
 `Lowering`, `shard`, `shard_batch`, `constrain`, `use_sharding`, `current_sharding`,
 `specs_like_params`, `describe_sharding`, `sharding_table`, `ShardRow`, `memory_per_device`,
 `MemoryPerDevice`, `local_shape_of`, `axes_from_rules` (path-pattern rules for bridged modules),
@@ -22,6 +22,7 @@ Example:
 
 from .attention_policy import explicit_attention_required as explicit_attention_required
 from .layouts import ACTIVATION_RULES as ACTIVATION_RULES
+from .layouts import MESH_ORDER as MESH_ORDER
 from .layouts import Layout as Layout
 from .layouts import data_parallel as data_parallel
 from .layouts import for_mesh as for_mesh
@@ -51,6 +52,7 @@ from .spec import PartitionSpec as PartitionSpec
 
 __all__ = [
     "ACTIVATION_RULES",
+    "MESH_ORDER",
     "Layout",
     "Lowering",
     "MemoryPerDevice",

@@ -42,7 +42,7 @@ from typing import Sequence
 
 from .rules import Rules, ShardingRuleError
 
-__all__ = ["ACTIVATION_RULES", "Layout", "data_parallel", "for_mesh", "fsdp", "fsdp_tp", "tensor_parallel"]
+__all__ = ["ACTIVATION_RULES", "MESH_ORDER", "Layout", "data_parallel", "for_mesh", "fsdp", "fsdp_tp", "tensor_parallel"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +86,11 @@ ACTIVATION_RULES = Rules([
     ("head_dim", None),
     ("layers", None),
 ])
+
+MESH_ORDER = ("dp", "fsdp", "ep", "tp")
+"""The order of the ready-made layout's mesh axes, major first (`Mesh.in_order`): a batch split over
+`(dp, fsdp, ep)` then leaves each `ep` group one block of `(dp, fsdp)`'s share, so the MoE token
+exchange is an all-to-all within `ep`."""
 
 _TP_WEIGHTS = [("layers", None), ("expert", "ep"), ("vocab", "tp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp")]
 _WHOLE = [("layers", None), ("expert", None), ("vocab", None), ("heads", None), ("kv_heads", None), ("mlp", None), ("embed", None)]
