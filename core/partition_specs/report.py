@@ -34,7 +34,7 @@ from ..pytree import tree_flatten_with_path
 from .. import pytree
 from ..mesh import Mesh
 from .layouts import Layout, for_mesh
-from .rules import resolve_tree
+from .rules import EXPERT_AXIS, resolve_tree
 from .sharding import Sharding, specs_like_params
 from .spec import PartitionSpec
 
@@ -224,4 +224,15 @@ def describe_sharding(
         (r.path, str(r.shape), str(tuple(r.spec)), str(r.local_shape)) for r in shown
     ]
     head = f"mesh {mesh} ({mesh.size} devices, {mesh.backend}), layout {layout.name}"
-    return "\n".join([head] + _columns(table) + [str(memory_per_device(rows))])
+    return "\n".join([head] + _columns(table) + _experts_line(rows, axes) + [str(memory_per_device(rows))])
+
+
+def _experts_line(rows: Sequence[ShardRow], axes: Any) -> List[str]:
+    """`["experts: E per layer, e per device"]` for a mixture of experts (its stacked expert weights), else `[]`."""
+    flat, _ = tree_flatten_with_path(axes, is_leaf=lambda a: isinstance(a, tuple))
+    expert_dim = {pytree.keystr(p): a.index(EXPERT_AXIS) for p, a in flat if isinstance(a, tuple) and EXPERT_AXIS in a}
+    for r in rows:
+        if r.kind == "param" and r.path in expert_dim:
+            d = expert_dim[r.path]
+            return [f"experts: {r.shape[d]} per MoE layer, {r.local_shape[d]} per device"]
+    return []

@@ -238,6 +238,13 @@ def resolve(
                 parts = 1
                 for a in split:
                     parts *= mesh_sizes[a]
+                if size % parts and axes[d] == EXPERT_AXIS:
+                    fits = [n for n in range(1, size + 1) if size % n == 0]
+                    raise ShardingRuleError(
+                        f"{name}: {size} experts do not split evenly over "
+                        f"{' x '.join(f'{a}={mesh_sizes[a]}' for a in split)} = {parts} devices; expert parallelism "
+                        f"gives each device the same number of experts: use a degree among {fits}, or change the "
+                        f"expert count.")
                 if size % parts:
                     raise ShardingRuleError(
                         f"{name}: dimension {d} ('{axes[d]}') has size {size}, which does not divide by "

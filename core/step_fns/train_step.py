@@ -43,6 +43,12 @@ _MSG_NO_TX = (
 )
 
 
+def _like_param(g: Tensor, p: Tensor) -> Tensor:
+    """`g` in `p`'s dtype, contiguous when `p` is."""
+    g = g.to(p.dtype)
+    return g.contiguous() if p.is_contiguous() and not g.is_contiguous() else g
+
+
 def _check_args(loss_fn: Any, tx: Any, microbatches: Any, compute_dtype: Any, accumulate_dtype: Any) -> None:
     check_builder_args("train_step", loss_fn, compute_dtype)
     if not (isinstance(accumulate_dtype, torch.dtype) and accumulate_dtype.is_floating_point):
@@ -257,8 +263,10 @@ def train_step(
 
         acc_grads, loss, tokens, aux = accumulate(params, batch, step_key)
         grad_norm = global_norm(acc_grads)
-        # The optimizer sees gradients in each parameter's own dtype, whatever `microbatches`.
-        grads = tree_map(lambda g, p: g.to(p.dtype), acc_grads, params)
+        # The optimizer sees gradients in each parameter's own dtype, whatever `microbatches`, and
+        # laid out like it: a transposed gradient (an einsum's) would give the optimizer state new
+        # strides, and a compiled step a second graph on its next call.
+        grads = tree_map(_like_param, acc_grads, params)
         updates, new_opt_state = transform.update(grads, opt_state, params)
         new_params = apply_updates(params, updates)
         update_norm = global_norm(updates)

@@ -1,0 +1,125 @@
+"""Mixture-of-experts benchmarks: the MoE step against a dense model of the same active parameters,
+the dispatch variants against each other, and memory per device by expert-parallel degree.
+
+    python launch/bench_moe.py                                  # qwen3_moe_tiny, float32, timings + memory
+    python launch/bench_moe.py --dtype bfloat16 --iters 50      # on a GPU: bf16 compute, MFU on active params
+    python launch/bench_moe.py --markdown BENCHMARKS.md         # replace the "Mixture of experts" section
+
+Timings: every variant is the same run config's model compiled by `jit(backend="inductor")`,
+trained with AdamW on one batch, timed round-robin in this process after warm-up
+(`ember.launch.benchmark.time_round_robin`), reported as tokens/s and as a ratio to the dense
+model whose SwiGLU width is `experts_per_token * moe_ffn_dim` (the same parameters per token).
+Memory: parameters plus AdamW state per device from the sharding report (no devices needed), for
+the tiny config and for Qwen3-30B-A3B, at `fsdp=8` with ep = 1, 2, 4.
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+
+from ember import optim
+from ember.core import TrainState, random, to_device
+from ember.core.jit import jit
+from ember.core.mesh import Mesh
+from ember.core.partition_specs import MESH_ORDER, memory_per_device, sharding_table
+from ember.core.step_fns import train_step
+from ember.launch.benchmark import time_round_robin, update_markdown
+from ember.launch.benchmark.setup import Variant, sync
+from ember.launch.benchmark.timing import matmul_peak, percentile
+from ember.launch.run_config import get_config as get_run_config
+from ember.models import build_model, count_params, get_config, lm_loss
+
+DISPATCH = {"dropless": None, "capacity 1.25": 1.25, "capacity 1.0": 1.0}
+
+
+def active_params(cfg) -> int:
+    """Parameters one token goes through: all but the experts it was not routed to."""
+    moe = build_model("qwen3_moe", cfg)
+    per_expert = 3 * cfg.d_model * cfg.moe_ffn_dim
+    n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+    return count_params(moe) - n_moe * (cfg.n_experts - cfg.experts_per_token) * per_expert
+
+
+def variants(run_cfg, device, dtype) -> list:
+    c = run_cfg.model
+    dense = get_config("qwen3", "tiny").replace(**{f: getattr(c, f) for f in (
+        "vocab_size", "max_seq_len", "n_layers", "n_heads", "n_kv_heads", "d_model", "attn_head_dim", "tie_embeddings")},
+        ffn_dim=c.experts_per_token * c.moe_ffn_dim)
+    models = {"dense (same active)": build_model("qwen3", dense)}
+    models.update({f"moe {name}": build_model("qwen3_moe", c.replace(capacity_factor=cf)) for name, cf in DISPATCH.items()})
+    b, t = run_cfg.data.batch_size, run_cfg.data.seq_len
+    tokens = random.randint(random.key(1234), (b, t + 1), 0, c.vocab_size).to(device)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    out = []
+    for name, model in models.items():
+        tx = optim.chain(optim.clip_by_global_norm(1.0), optim.adamw(run_cfg.optim.learning_rate))
+        holder = {"state": TrainState.create(params=to_device(model.init(random.key(0)), device), tx=tx,
+                                             key=random.key(1, device=device))}
+        step = jit(train_step(lm_loss(model), tx, compute_dtype=None if dtype == torch.float32 else dtype),
+                   backend="inductor")
+
+        def run(step=step, holder=holder):
+            holder["state"], metrics = step(holder["state"], batch)
+            sync(device)
+            return metrics["loss"]
+
+        out.append(Variant(name, run, lambda: 0, notes=f"{count_params(model) / 1e6:.3f}M params"))
+    return out
+
+
+def memory_rows(name: str, cfg, eps=(1, 2, 4), fsdp: int = 8) -> list:
+    """(mesh, experts per device, params + AdamW per device in GiB) at fsdp x ep."""
+    model = build_model("qwen3_moe", cfg)
+    shapes = model.param_shapes()
+    state = TrainState.create(params=shapes, tx=optim.adamw(1e-3), key=torch.zeros((), dtype=torch.int64))
+    rows = []
+    for ep in eps:
+        mesh = Mesh.parse(f"fsdp={fsdp},ep={ep}" if ep > 1 else f"fsdp={fsdp}", backend="xla").in_order(MESH_ORDER)
+        table = sharding_table(state, mesh, axes=model.axes)
+        gate = next(r for r in table if r.path.endswith("mlp.gate") and r.kind == "param")
+        rows.append((name, str(mesh), gate.local_shape[0], memory_per_device(table).total / 2**30))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="qwen3_moe_tiny")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--json")
+    p.add_argument("--markdown")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    run_cfg, dtype = get_run_config(args.config), getattr(torch, args.dtype)
+    vs = variants(run_cfg, device, dtype)
+    timed = time_round_robin(vs, warmup=args.warmup, iters=args.iters)
+    tokens = run_cfg.data.batch_size * run_cfg.data.seq_len
+    dense_s = percentile(timed[vs[0].name]["times"], 0.5)
+    peak = matmul_peak(device) if device.type == "cuda" else None
+    lines = [f"torch {torch.__version__}, {device.type}, {args.dtype}, {tokens} tokens per step, median of "
+             f"{args.iters} round-robin steps (`python launch/bench_moe.py --config {args.config} --dtype {args.dtype}`)",
+             "", "| variant | params | step ms | tokens/s | vs dense |" + (" MFU (active) |" if peak else ""),
+             "|---|---|---|---|---|" + ("---|" if peak else "")]
+    flops_per_token = 6 * active_params(run_cfg.model)
+    for v in vs:
+        s = percentile(timed[v.name]["times"], 0.5)
+        mfu = f" {flops_per_token * tokens / s / peak['flops']:.1%} |" if peak else ""
+        lines.append(f"| {v.name} | {v.notes} | {s * 1e3:.1f} | {tokens / s:,.0f} | {dense_s / s:.2f}x |{mfu}")
+    lines += ["", "| model | mesh | experts per device | params + AdamW per device |", "|---|---|---|---|"]
+    mem = memory_rows(args.config, run_cfg.model) + memory_rows("qwen3_moe/30b-a3b", get_config("qwen3_moe", "30b-a3b"))
+    lines += [f"| {n} | {m} | {e} | {g:.3f} GiB |" for n, m, e, g in mem]
+    text = "\n".join(lines)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"timed": timed, "memory": mem}, f, indent=1, default=str)
+    if args.markdown:
+        update_markdown(args.markdown, "## Mixture of experts\n\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

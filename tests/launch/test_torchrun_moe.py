@@ -1,0 +1,53 @@
+"""`launch/train.py --config qwen3_moe_tiny` under torchrun with expert parallelism, compiled by Inductor
+over gloo, against the same run in one process; its checkpoint resumes on another `ep` degree."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ember.launch.metrics_log import read_metrics
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHORT = ["--config", "qwen3_moe_tiny", "--model.n_layers", "1", "--data.max_bytes", "300000", "--log_every", "1",
+         "--eval_every", "0", "--sample_tokens", "0"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+STEPS = 4
+
+
+def _train(out: pathlib.Path, *prefix: str, args=()) -> list:
+    xla = {"PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS"}  # an earlier XLA test may have set them
+    env = {**{k: v for k, v in os.environ.items() if k not in xla}, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [*prefix, str(ROOT / "launch" / "train.py"), *SHORT, *args, "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT, start_new_session=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    return [(r["step"], r["loss"]) for r in read_metrics(out) if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("moe_single") / "run", sys.executable, args=["--steps", str(STEPS)])
+
+
+def _assert_same(got, want):
+    assert [s for s, _ in got] == [s for s, _ in want]
+    torch.testing.assert_close(torch.tensor([x for _, x in got]), torch.tensor([x for _, x in want]), rtol=0, atol=2e-4)
+
+
+@pytest.mark.slow
+def test_ep_fsdp_run_matches_one_process_and_resumes_on_ep4(tmp_path, one_process):
+    run = tmp_path / "run"
+    first = _train(run, *TORCHRUN, args=["--mesh", "ep=2,fsdp=2", "--steps", "2", "--checkpoint_every", "0"])
+    _assert_same(first, one_process[:2])
+    _train(run, *TORCHRUN, args=["--mesh", "ep=4", "--steps", str(STEPS), "--resume", "--checkpoint_every", "0"])
+    resumed = [(s, x) for s, x in [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r] if s > 2]
+    _assert_same(resumed, one_process[2:])
+
+
+@pytest.mark.slow
+def test_ep_tp_run_matches_one_process(tmp_path, one_process):
+    got = _train(tmp_path / "run", *TORCHRUN, args=["--mesh", "ep=2,tp=2", "--steps", "2"])
+    _assert_same(got, one_process[:2])

@@ -1,0 +1,158 @@
+"""The mixture-of-experts layer: routing, static dispatch, router losses, the expert bias, the compiled step."""
+
+import pytest
+import torch
+
+from ember import optim
+from ember.core import TrainState, random
+from ember.core.jit import jit
+from ember.core.step_fns import train_step
+from ember.core.transforms import grad
+from ember.models import build_model, get_config, lm_loss
+from ember.models.layers.moe import MoE, router_losses
+from ember.models.layers.moe_dispatch import assign_slots, combine, dispatch, expert_capacity
+from ember.models.layers.moe_router import Router, bias_signal
+
+D, E, I = 8, 6, 4
+
+
+def _naive_moe(moe: MoE, params, x):
+    """Token by token: every chosen expert's SwiGLU, weighted (no capacity)."""
+    B, T, _ = x.shape
+    routing = moe.router.apply(params["router"], x.reshape(B * T, D))
+    out = torch.zeros(B * T, D)
+    for n, token in enumerate(x.reshape(B * T, D)):
+        for j in range(moe.router.top_k):
+            e = int(routing.indices[n, j])
+            h = torch.nn.functional.silu(params["gate"][e] @ token) * (params["up"][e] @ token)
+            out[n] += routing.weights[n, j] * (params["down"][e] @ h)
+    return out.view(B, T, D)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("style", ["softmax", "sigmoid"])
+def test_dropless_layer_equals_token_by_token_experts(k, style):
+    router = Router(D, E, k, style=style, renormalize=k > 1, n_groups=2 if style == "sigmoid" else 1,
+                    expert_bias=style == "sigmoid", scaling=2.5 if style == "sigmoid" else 1.0)
+    moe = MoE(router, I)
+    params = moe.init(random.key(0))
+    if style == "sigmoid":
+        params["router"]["expert_bias"] = torch.randn(E) * 0.1
+    x = torch.randn(2, 5, D)
+    y, stats = moe.apply(params, x)
+    torch.testing.assert_close(y, _naive_moe(moe, params, x), rtol=1e-5, atol=1e-6)
+    assert float(stats["dropped"]) == 0 and float(stats["pairs"]) == 10 * k and float(stats["counts"].sum()) == 10 * k
+
+
+def test_capacity_keeps_first_choices_before_second_choices_and_counts_drops():
+    # one group of 3 tokens, k=2: every token's first choice is expert 0, second choice expert 1
+    idx = torch.tensor([[[0, 1], [0, 1], [1, 0]]])
+    s = assign_slots(idx, n_experts=2, capacity=2)
+    # first choices in token order take expert 0's two slots (tokens 0, 1) and expert 1's first (token 2);
+    # then second choices: token 0 -> expert 1 slot 1, token 1 -> expert 1 full (dropped), token 2 -> expert 0 full
+    assert s.slot.tolist() == [[0, 1, 2, 3, 4, 4]]
+    assert int(s.dropped) == 2 and s.counts.tolist() == [[3.0, 3.0]]
+    assert s.source.tolist() == [[0, 1, 2, 0]]
+    x = torch.arange(3.0).view(1, 3, 1).expand(1, 3, 2)
+    buf = dispatch(x, s, 2, 2)
+    assert buf[0, :, :, 0].tolist() == [[0.0, 1.0], [2.0, 0.0]]
+    back = combine(buf, s, torch.ones(1, 3, 2))
+    assert back[0, :, 0].tolist() == [0.0 + 0.0, 1.0, 2.0]  # token 0 twice (0 + 0); drops add nothing
+
+
+def test_expert_capacity():
+    assert expert_capacity(16, 2, 8, None) == 16  # dropless: a token picks an expert at most once
+    assert expert_capacity(16, 2, 8, 1.0) == 4 and expert_capacity(16, 2, 8, 1.25) == 5
+    assert expert_capacity(16, 2, 8, 100.0) == 16 and expert_capacity(1, 2, 8, 1.0) == 1
+
+
+def test_group_limited_routing_picks_within_the_best_groups():
+    router = Router(4, 4, 2, style="sigmoid", n_groups=2, topk_groups=1)
+    # token: experts 0, 1 (group 0) score 0.6, 0.6; experts 2, 3 (group 1) 0.9, 0.1 -> group 0 wins (1.2 > 1.0)
+    logits = torch.logit(torch.tensor([[0.6, 0.6, 0.9, 0.1]]))
+    assert sorted(router._sigmoid_choice(torch.sigmoid(logits), None)[0].tolist()) == [0, 1]
+    # a bias on expert 3 lifts group 1 (0.9 + 0.1 + 0.5 = 1.5) and the pick, not the weight
+    chosen = router._sigmoid_choice(torch.sigmoid(logits), torch.tensor([0.0, 0.0, 0.0, 0.5]))
+    assert sorted(chosen[0].tolist()) == [2, 3]
+
+
+def test_bias_signal_is_zero_with_the_loads_as_gradient():
+    counts = torch.tensor([3.0, 0.0, 5.0])
+    bias = torch.zeros(3)
+    assert float(bias_signal(bias, counts)) == 0.0
+    assert grad(lambda b: bias_signal(b, counts))(bias).tolist() == counts.tolist()
+
+
+def test_aux_loss_is_transformers_pooled_load_balancing_loss():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    model = build_model("qwen3_moe", "tiny", n_layers=3, n_experts=6, experts_per_token=2)
+    params, tokens = model.init(random.key(0)), random.randint(random.key(1), (2, 9), 0, 256)
+    logits = []
+    router_apply = Router.apply
+
+    def recording(self, p, x, **kw):
+        out = router_apply(self, p, x, **kw)
+        logits.append(out.logits)
+        return out
+
+    Router.apply = recording
+    try:
+        _, stats = model.features_and_extras(params, tokens)
+    finally:
+        Router.apply = router_apply
+    want = load_balancing_loss_func(tuple(logits), 6, 2)
+    aux, _, metrics = router_losses(stats, 6)
+    torch.testing.assert_close(aux, want, rtol=0, atol=1e-6)
+    assert set(metrics) == {"moe_aux_loss", "moe_z_loss", "moe_dropped", "moe_max_load"}
+    del transformers
+
+
+def test_scan_layers_and_remat_compute_what_the_list_of_blocks_computes():
+    base = get_config("qwen3_moe", "tiny").replace(n_layers=3, capacity_factor=1.0)
+    listed = build_model("qwen3_moe", "tiny", **{f: getattr(base, f) for f in ("n_layers", "capacity_factor")})
+    stacked = build_model("qwen3_moe", "tiny", n_layers=3, capacity_factor=1.0, scan_layers=True, remat="full")
+    from ember.core.transforms import stack_trees
+
+    params = listed.init(random.key(0))
+    stacked_params = dict(params, blocks=stack_trees(params["blocks"]))
+    tokens = random.randint(random.key(1), (2, 12), 0, 256)
+    (h1, s1), (h2, s2) = listed.features_and_extras(params, tokens), stacked.features_and_extras(stacked_params, tokens)
+    torch.testing.assert_close(h2, h1)
+    torch.testing.assert_close(s2, s1)
+    g1 = grad(lambda p: lm_loss(listed)(p, {"inputs": tokens, "targets": tokens}, key=None)[0].mean())(params)
+    g2 = grad(lambda p: lm_loss(stacked)(p, {"inputs": tokens, "targets": tokens}, key=None)[0].mean())(stacked_params)
+    torch.testing.assert_close(g2["blocks"], stack_trees(g1["blocks"]), rtol=1e-5, atol=1e-6)
+
+
+def test_expert_bias_moves_toward_balance_and_nothing_else_sees_it():
+    model = build_model("qwen3_moe", "tiny", router="sigmoid", expert_bias=True, expert_bias_update_rate=0.01,
+                        router_aux_loss_coef=0.0)
+    params = model.init(random.key(0))
+    tx = optim.balance_experts(optim.chain(optim.clip_by_global_norm(1e-3), optim.adamw(1e-3)), 0.01)
+    state = TrainState.create(params=params, tx=tx, key=random.key(1))
+    tokens = random.randint(random.key(2), (4, 16), 0, 256)
+    batch = {"inputs": tokens, "targets": tokens}
+    new, metrics = train_step(lm_loss(model), tx)(state, batch)
+    bias, moved = params["blocks"][0]["mlp"]["router"]["expert_bias"], new.params["blocks"][0]["mlp"]["router"]["expert_bias"]
+    loads = grad(lambda p: lm_loss(model)(p, batch, key=None)[0].mean())(params)["blocks"][0]["mlp"]["router"]["expert_bias"]
+    busy = loads > loads.mean()
+    assert torch.equal(moved - bias, torch.where(busy, -0.01, 0.01) * (loads != loads.mean()))
+    assert metrics["moe_max_load"] > 1
+
+
+@pytest.mark.slow
+def test_compiled_step_compiles_once_over_20_steps_of_changing_routing():
+    """No host sync: the Inductor path traces on fake tensors, where reading a value is an error."""
+    model = build_model("qwen3_moe", "tiny", capacity_factor=1.0, router_z_loss_coef=1e-3)
+    tx = optim.adamw(1e-2)
+    state = TrainState.create(params=model.init(random.key(0)), tx=tx, key=random.key(1))
+    step = jit(train_step(lm_loss(model), tx), backend="inductor")
+    tokens = random.randint(random.key(2), (20, 2, 17), 0, 256)
+    loads = []
+    for t in tokens:
+        state, metrics = step(state, {"inputs": t[:, :-1], "targets": t[:, 1:]})
+        loads.append((float(metrics["moe_max_load"]), float(metrics["moe_dropped"])))
+    assert step.compile_count == 1
+    assert len(set(loads)) > 10, loads  # routing changed from step to step

@@ -1,0 +1,51 @@
+"""Mixture-of-experts mistakes: each is one line naming the fix (the Hugging Face refusals are in the HF tests)."""
+
+import pytest
+
+from ember.core.partition_specs import Rules, ShardingRuleError, for_mesh, resolve
+from ember.launch import train
+from ember.launch.cli import run_main
+from ember.models import build_model
+
+FLAGS = ["--config", "qwen3_moe_tiny", "--backend", "eager", "--model.n_layers", "1", "--steps", "1",
+         "--data.max_bytes", "100000", "--sample_tokens", "0", "--dry-run"]
+
+CONFIG_MISTAKES = {
+    "top-k-above-experts": (["--model.experts_per_token", "9"], "experts_per_token=9 is above n_experts=8"),
+    "capacity-zero": (["--model.capacity_factor", "0"], "capacity_factor must be > 0"),
+    "capacity-negative": (["--model.capacity_factor", "-1.5"], "capacity_factor must be > 0"),
+    "bias-with-softmax": (["--model.expert_bias", "true"], "set router='sigmoid'"),
+    "nan-aux-coef": (["--model.router_aux_loss_coef", "nan"], "router_aux_loss_coef must be a number >= 0"),
+}
+
+
+@pytest.mark.parametrize("argv, message", list(CONFIG_MISTAKES.values()), ids=list(CONFIG_MISTAKES))
+def test_a_config_mistake_is_one_line_naming_the_field(argv, message, tmp_path, capsys):
+    assert run_main(lambda: train.main([*FLAGS, "--out", str(tmp_path / "run"), *argv])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_ep_degree_that_does_not_divide_the_experts_names_the_degrees_that_do():
+    with pytest.raises(ShardingRuleError, match=r"8 experts do not split evenly over ep=3 = 3 devices.*among "
+                                                r"\[1, 2, 4, 8\]"):
+        resolve(("expert", "mlp", "embed"), for_mesh(("ep", "fsdp")).params, mesh_sizes={"ep": 3, "fsdp": 1},
+                shape=(8, 64, 128), name="blocks.0.mlp.gate")
+
+
+def test_a_rule_putting_a_second_dimension_on_the_expert_axis_is_refused_not_replicated():
+    rules = Rules([("expert", "ep"), ("mlp", "ep"), ("mlp", None), ("embed", None)])  # Flax would replicate mlp
+    with pytest.raises(ShardingRuleError, match=r"rule 1 \('mlp', 'ep'\) maps 'mlp' to mesh axis 'ep'.*Map 'mlp' "
+                                                r"to another mesh axis"):
+        resolve(("expert", "mlp", "embed"), rules, name="blocks.0.mlp.gate")
+    batch_first = Rules([("batch", ("fsdp", "ep")), ("expert", "ep"), ("expert", None)])
+    with pytest.raises(ShardingRuleError, match="Map 'batch' to another mesh axis"):
+        resolve(("batch", "expert"), batch_first, name="dispatch buffer")
+    # a size-1 expert axis shares nothing: no error
+    assert resolve(("batch", "expert"), batch_first, mesh_sizes={"fsdp": 2, "ep": 1}) is not None
+
+
+def test_scan_layers_over_mixed_dense_and_moe_blocks_is_refused():
+    with pytest.raises(ValueError, match="mixes kinds of blocks.*set scan_layers=False"):
+        build_model("qwen3_moe", "tiny", first_dense_layers=1, scan_layers=True)
