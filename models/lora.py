@@ -303,10 +303,22 @@ class LoRAModel:
 
     def apply(self, params: Params, *args: Any, key: Optional[Key] = None, **kwargs: Any) -> Any:
         """The base model's `apply` on `merge_lora(base, lora)`; the base is detached when frozen."""
+        return self.base.apply(self._adapted(params), *args, key=key, **kwargs)
+
+    def apply_and_extras(self, params: Params, *args: Any, key: Optional[Key] = None, **kwargs: Any) -> Any:
+        """The base model's `apply_and_extras` (logits and router stats of a mixture of experts), as `apply`."""
+        return self.base.apply_and_extras(self._adapted(params), *args, key=key, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "auxiliary_loss":  # a mixture of experts' router losses, which `lm_loss` adds
+            return getattr(self.base, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def _adapted(self, params: Params) -> Params:
         base = params["base"]
         if self.freeze_base:
             base = pytree.tree_map(lambda t: t.detach(), base)
-        return self.base.apply(merge_lora(base, params["lora"], alpha=self.alpha), *args, key=key, **kwargs)
+        return merge_lora(base, params["lora"], alpha=self.alpha)
 
 
 def to_lora(

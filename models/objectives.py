@@ -48,23 +48,18 @@ def lm_loss(model: Any, *, z_loss: float = 0.0, ignore_index: int = -100) -> Cal
     routed = callable(getattr(model, "auxiliary_loss", None))  # a mixture of experts: router losses and metrics
 
     def loss_fn(params: Params, batch: Batch, *, key: Key | None) -> Any:
-        extra = {k: v for k, v in batch.items() if k not in ("inputs", "targets")}
-        if not (chunk_size or routed):
-            logits = model.apply(params, batch["inputs"], key=key, **extra)  # (B, T, V)
-            return cross_entropy(
-                logits, batch["targets"], ignore_index=ignore_index, z_loss=z_loss, reduction="sum_and_count"
-            )
-        if routed:
-            hidden, router_stats = model.features_and_extras(params, batch["inputs"], key=key, **extra)  # (B, T, d)
-        else:
-            hidden = model.features(params, batch["inputs"], key=key, **extra)  # (B, T, d)
-        name, head = model.head()
+        tokens, extra = batch["inputs"], {k: v for k, v in batch.items() if k not in ("inputs", "targets")}
         if chunk_size:
+            run = model.features_and_extras if routed else lambda *a, **k: (model.features(*a, **k), None)
+            hidden, router_stats = run(params, tokens, key=key, **extra)  # (B, T, d)
+            name, head = model.head()
             loss = chunked_cross_entropy(head, params[name], hidden, batch["targets"], chunk_size=chunk_size,
                                          ignore_index=ignore_index, z_loss=z_loss)
         else:
-            loss = cross_entropy(head(params[name], hidden, **extra).float(), batch["targets"],
-                                 ignore_index=ignore_index, z_loss=z_loss, reduction="sum_and_count")
+            run = model.apply_and_extras if routed else lambda *a, **k: (model.apply(*a, **k), None)
+            logits, router_stats = run(params, tokens, key=key, **extra)  # (B, T, V)
+            loss = cross_entropy(logits, batch["targets"], ignore_index=ignore_index, z_loss=z_loss,
+                                 reduction="sum_and_count")
         if not routed:
             return loss
         extra_total, metrics = model.auxiliary_loss(router_stats, loss.count)

@@ -317,8 +317,14 @@ class Llama3(Module):
         Returns:
             (B, T, vocab_size) float32 logits.
         """
+        return self.apply_and_extras(params, tokens, key=key, **kwargs)[0]  # (B, T, V)
+
+    def apply_and_extras(self, params: Params, tokens: Tensor, *, key: Optional[Key] = None,
+                         **kwargs: Any) -> Tuple[Tensor, Any]:
+        """`(logits, extras)`: `apply`'s logits and what the blocks carried besides (`features_and_extras`)."""
+        hidden, extras = self.features_and_extras(params, tokens, key=key, **kwargs)
         name, head = self.head()
-        return head(params[name], self.features(params, tokens, key=key, **kwargs), **kwargs).float()  # (B, T, V)
+        return head(params[name], hidden, **kwargs).float(), extras  # (B, T, V)
 
     def features(self, params: Params, tokens: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """The final hidden states `(B, T, d)` (after `ln_f`), before the output projection; as `apply`."""

@@ -12,8 +12,9 @@ import torch
 from ember.launch.metrics_log import read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# a constant learning rate: a schedule over --steps would differ between a 2-step run resumed to 4 and a 4-step run
 SHORT = ["--config", "qwen3_moe_tiny", "--model.n_layers", "1", "--data.max_bytes", "300000", "--log_every", "1",
-         "--eval_every", "0", "--sample_tokens", "0"]
+         "--eval_every", "0", "--sample_tokens", "0", "--optim.schedule", "constant"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
 STEPS = 4
 

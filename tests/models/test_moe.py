@@ -156,3 +156,34 @@ def test_compiled_step_compiles_once_over_20_steps_of_changing_routing():
         loads.append((float(metrics["moe_max_load"]), float(metrics["moe_dropped"])))
     assert step.compile_count == 1
     assert len(set(loads)) > 10, loads  # routing changed from step to step
+
+
+def test_chunked_loss_and_lora_keep_the_router_losses():
+    from ember.models import to_lora
+
+    model = build_model("qwen3_moe", "tiny", router_aux_loss_coef=0.5)
+    params, tokens = model.init(random.key(0)), random.randint(random.key(1), (2, 17), 0, 256)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    loss, metrics = lm_loss(model)(params, batch, key=None)
+    chunked, chunked_metrics = lm_loss(build_model("qwen3_moe", "tiny", router_aux_loss_coef=0.5,
+                                                   loss_chunk_size=8))(params, batch, key=None)
+    torch.testing.assert_close(chunked.mean(), loss.mean())
+    torch.testing.assert_close(chunked_metrics, metrics)
+    lora = to_lora(model, targets=("wq", "wv"))
+    lora_params = lora.init_from(params, key=random.key(2))  # b = 0: the adapted model is the base
+    lora_loss, lora_metrics = lm_loss(lora)(lora_params, batch, key=None)
+    torch.testing.assert_close(lora_loss.mean(), loss.mean())
+    assert float(metrics["moe_aux_loss"]) > 0 and lora_metrics.keys() == metrics.keys()
+
+
+def test_greedy_decoding_with_a_kv_cache_matches_the_full_forward():
+    from ember.models import Decoder
+
+    model = build_model("qwen3_moe", "tiny")  # dropless: a decoding step routes as the full forward does
+    params, prompt = model.init(random.key(0)), random.randint(random.key(1), (1, 5), 0, 256)
+    out = Decoder(model).generate(params, prompt, max_new_tokens=6, temperature=0.0)
+    tokens = prompt
+    for _ in range(6):
+        nxt = model.apply(params, tokens)[:, -1].argmax(-1, keepdim=True)
+        tokens = torch.cat([tokens, nxt], dim=1)
+    assert out.tolist() == tokens.tolist()
