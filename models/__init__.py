@@ -1,19 +1,20 @@
-"""ember.models: the layer DSL, the GPT-2, Llama-3, Qwen2, Qwen3, Mistral and Gemma families, and the architecture registry.
+"""ember.models: the layer DSL, the GPT-2, Llama-3, Qwen2, Qwen3, Qwen3-MoE, dots1, Mistral and Gemma families, and the
+architecture registry.
 
 Each family is a folder read top to bottom: `llama3/model.py` (attention, MLP, block, model),
 `llama3/config.py` (config and named sizes), `llama3/hf.py` (Hugging Face mapping); `gpt2/` likewise.
 `qwen2/`, `qwen3/`, `mistral/` and `gemma/` reuse Llama's block and say what their configs change.
 
 Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `RMSNorm`, ...), `GPT2`,
-`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Qwen3Moe`, `Qwen3MoeConfig`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
+`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Qwen3Moe`, `Qwen3MoeConfig`, `Dots1`, `Dots1Config`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
 `get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
 `estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; `Decoder` (KV-cache generation,
 `ember.models.generation`); bridges `from_torch`,
-`from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2, Qwen3, Mistral and Gemma folders; other causal LMs
+`from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE, dots1, Mistral and Gemma folders; other causal LMs
 through the bridge); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`.
 
-Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `qwen3_moe`, `mistral`, `gemma`) and
-their architectures.
+Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `qwen3_moe`, `dots1`, `mistral`,
+`gemma`) and their architectures.
 
 Example:
     >>> import torch
@@ -32,6 +33,8 @@ from .bridge import HF_LLAMA_AXES_RULES as HF_LLAMA_AXES_RULES
 from .bridge import TorchModel as TorchModel
 from .bridge import axes_from_rules as axes_from_rules
 from .bridge import from_torch as from_torch
+from .dots1 import Dots1 as Dots1
+from .dots1 import Dots1Config as Dots1Config
 from .gemma import Gemma as Gemma
 from .gemma import GemmaConfig as GemmaConfig
 from .generation import Decoder as Decoder
@@ -78,6 +81,8 @@ from .summary import estimate_memory as estimate_memory
 
 __all__ = [
     "Decoder",
+    "Dots1",
+    "Dots1Config",
     "GPT2",
     "GPT2Config",
     "Gemma",

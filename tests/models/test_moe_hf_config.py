@@ -1,0 +1,184 @@
+"""Qwen3-MoE and dots1 config.json in ember: the keys read (released configs give the named architectures,
+missing keys read as transformers' defaults), the settings refused, exports of what only ember's configs
+say (first dense layers, no bias, no shared experts), and `--init_from` with such a folder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.core import pytree, random
+from ember.core.checkpoint import model_info
+from ember.launch import build
+from ember.launch.init_from import load_initial_params
+from ember.launch.run_config import parse_cli
+from ember.models import build_model, get_config, to_hf
+from ember.models.hf import config_from_hf, config_to_hf
+
+from test_hf import TOL, _hf_logits, _max_diff
+from test_moe_hf import _hf_model, _ids
+
+transformers = pytest.importorskip("transformers")
+
+QWEN3_30B_A3B = {  # Qwen/Qwen3-30B-A3B config.json, its math entries
+    "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+    "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "sliding_window": None, "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936,
+}
+DOTS_LLM1 = {  # rednote-hilab/dots.llm1.inst config.json, its math entries (n_group / topk_group are null there)
+    "model_type": "dots1", "architectures": ["Dots1ForCausalLM"], "attention_bias": False, "first_k_dense_replace": 1,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 10944, "max_position_embeddings": 32768,
+    "moe_intermediate_size": 1408, "n_group": None, "n_routed_experts": 128, "n_shared_experts": 2,
+    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts_per_tok": 6, "num_hidden_layers": 62,
+    "num_key_value_heads": 32, "rms_norm_eps": 1e-05, "rope_theta": 10000000, "routed_scaling_factor": 2.5,
+    "tie_word_embeddings": False, "topk_group": None, "vocab_size": 152064,
+}
+
+
+def test_released_configs_are_the_named_architectures():
+    assert config_from_hf(QWEN3_30B_A3B) == get_config("qwen3_moe", "30b-a3b")
+    assert config_from_hf(DOTS_LLM1) == get_config("dots1", "142b-a14b")
+    assert config_from_hf({**QWEN3_30B_A3B, "num_experts": None, "num_local_experts": 128}).n_experts == 128  # 5.x
+
+
+_DOTS1_REQUIRED = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1}
+
+
+@pytest.mark.parametrize("model_type,cfg_cls,entries", [("qwen3_moe", "Qwen3MoeConfig", {}),
+                                                        ("dots1", "Dots1Config", _DOTS1_REQUIRED)])
+def test_keys_config_json_leaves_out_read_as_transformers_defaults(model_type, cfg_cls, entries):
+    ours, hf = config_from_hf({"model_type": model_type, **entries}), getattr(transformers, cfg_cls)(**entries)
+    theirs = dict(vocab_size=hf.vocab_size, d_model=hf.hidden_size, ffn_dim=hf.intermediate_size,
+                  n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads, n_kv_heads=hf.num_key_value_heads,
+                  head_dim=hf.hidden_size // hf.num_attention_heads, max_seq_len=hf.max_position_embeddings,
+                  norm_eps=hf.rms_norm_eps, rope_theta=hf.rope_parameters["rope_theta"],
+                  tie_embeddings=hf.tie_word_embeddings, init_std=hf.initializer_range,
+                  n_experts=hf.num_local_experts, experts_per_token=hf.num_experts_per_tok,
+                  moe_ffn_dim=hf.moe_intermediate_size, norm_topk_prob=hf.norm_topk_prob)
+    if model_type == "qwen3_moe":
+        theirs.update(decoder_sparse_step=hf.decoder_sparse_step, mlp_only_layers=tuple(hf.mlp_only_layers),
+                      router_aux_loss_coef=hf.router_aux_loss_coef)
+    else:
+        theirs.update(n_expert_groups=hf.n_group, topk_groups=hf.topk_group, n_shared_experts=hf.n_shared_experts,
+                      routed_scaling_factor=hf.routed_scaling_factor, first_dense_layers=hf.first_k_dense_replace)
+    assert {k: getattr(ours, k) for k in theirs} == theirs
+
+
+_BASE = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+         "moe_intermediate_size": 32, "num_hidden_layers": 2, "vocab_size": 300}
+REFUSED = [  # (id, model_type, config.json entries transformers honours and ember does not, or that are wrong)
+    ("hidden_act", "qwen3_moe", {"hidden_act": "gelu"}, r"hidden_act='gelu'.*Qwen3-MoE \(SwiGLU experts\)"),
+    ("attention_bias", "qwen3_moe", {"attention_bias": True}, r"attention_bias=True.*attention_bias=False"),
+    ("use_sliding_window", "qwen3_moe", {"use_sliding_window": True}, r"use_sliding_window=True"),
+    ("attention_dropout", "qwen3_moe", {"attention_dropout": 0.1}, r"attention_dropout=0\.1.*Qwen3-MoE"),
+    ("rope-yarn", "qwen3_moe", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, r"rope type 'yarn'"),
+    ("no-experts", "qwen3_moe", {"num_experts": 0}, r"num_experts=0: every layer is dense.*model_type 'qwen3'"),
+    ("expert-counts-disagree", "qwen3_moe", {"num_experts": 8, "num_local_experts": 4},
+     r"expert count twice, differently: \{'num_local_experts': 4, 'num_experts': 8\}"),
+    ("mlp_only_layers-outside", "qwen3_moe", {"mlp_only_layers": [5]}, r"mlp_only_layers names layers \[5\]"),
+    ("top-k-above-experts", "qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 6}, r"experts_per_token=6"),
+    ("hidden_act-dots1", "dots1", {**_DOTS1_REQUIRED, "hidden_act": "relu"}, r"hidden_act='relu'.*dots1"),
+    ("attention_bias-dots1", "dots1", {**_DOTS1_REQUIRED, "attention_bias": True}, r"attention_bias=True"),
+    ("layer_types-dots1", "dots1", {**_DOTS1_REQUIRED, "layer_types": ["full_attention", "sliding_attention"]},
+     r"layer_types with \['full_attention', 'sliding_attention'\].*dots1 needs every entry 'full_attention'"),
+    ("max_window_layers-dots1", "dots1", {**_DOTS1_REQUIRED, "sliding_window": 64, "max_window_layers": 1},
+     r"layer_types with \['full_attention', 'sliding_attention'\]"),
+    ("no-shared-count-dots1", "dots1", {"n_routed_experts": 8, "num_experts_per_tok": 2}, r"no n_shared_experts"),
+    ("no-expert-count-dots1", "dots1", {"num_experts_per_tok": 2, "n_shared_experts": 1}, r"no n_routed_experts"),
+    ("groups-dots1", "dots1", {**_DOTS1_REQUIRED, "n_group": 3}, r"n_expert_groups=3 must divide n_experts=8"),
+]
+
+
+@pytest.mark.parametrize("model_type,entries,match", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_settings_ember_does_not_implement_are_refused(model_type, entries, match):
+    with pytest.raises(ValueError, match=match):
+        config_from_hf({"model_type": model_type, **_BASE, **entries})
+
+
+@pytest.mark.parametrize("model_type,entries", [
+    ("qwen3_moe", dict(num_experts=6, num_experts_per_tok=2, use_sliding_window=True, sliding_window=4)),
+    ("dots1", dict(n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=1, sliding_window=4,
+                   layer_types=["full_attention", "sliding_attention", "sliding_attention"])),
+], ids=["qwen3_moe", "dots1"])
+def test_refused_windows_change_transformers_logits(model_type, entries):
+    """Keeps the window refusals honest: transformers does window these layers (eager attention, 40 tokens)."""
+    windowless = {k: v for k, v in entries.items() if k not in ("use_sliding_window", "sliding_window", "layer_types")}
+    ids = _ids(40)
+    plain, windowed = _hf_model(model_type, windowless), _hf_model(model_type, entries)
+    assert _max_diff(_hf_logits(plain, ids), _hf_logits(windowed, ids)) > 1e-3
+    with pytest.raises(ValueError, match="use_sliding_window|layer_types"):
+        config_from_hf(windowed.config.to_dict())
+
+
+def test_configs_transformers_cannot_hold_are_refused_on_export():
+    moe = get_config("qwen3_moe", "tiny")
+    with pytest.raises(ValueError, match=r"routes by softmax top-k, got router='sigmoid'.*as the dots1 family"):
+        config_to_hf(moe.replace(router="sigmoid"))
+    with pytest.raises(ValueError, match=r"no shared experts, got n_shared_experts=1"):
+        config_to_hf(moe.replace(n_shared_experts=1))
+    with pytest.raises(ValueError, match=r"no q/k/v biases"):
+        config_to_hf(moe.replace(qkv_bias=True))
+    dots = get_config("dots1", "tiny")
+    with pytest.raises(ValueError, match=r"sigmoid scores \(DeepSeek-V3\), got router='softmax'.*qwen3_moe family"):
+        config_to_hf(dots.replace(router="softmax", expert_bias=False, n_expert_groups=1, topk_groups=1))
+    with pytest.raises(ValueError, match=r"decoder_sparse_step=2 and mlp_only_layers beyond them \[2\]"):
+        config_to_hf(dots.replace(decoder_sparse_step=2, mlp_only_layers=(2,)))
+    assert config_to_hf(dots.replace(mlp_only_layers=(0,)))["first_k_dense_replace"] == 1  # already dense
+
+
+EXPORTED = [  # (id, family, ember config changes): what only ember's config says, written so transformers agrees
+    ("qwen3_moe-first-dense", "qwen3_moe", dict(n_layers=3, first_dense_layers=1, mlp_only_layers=(2,))),
+    ("dots1-no-bias-no-shared", "dots1", dict(expert_bias=False, n_shared_experts=0)),
+]
+
+
+@pytest.mark.parametrize("family,changes", [c[1:] for c in EXPORTED], ids=[c[0] for c in EXPORTED])
+def test_ember_only_settings_export_with_the_same_logits(family, changes, tmp_path):
+    model = build_model(family, get_config(family, "tiny").replace(init_std=0.1, **changes))
+    params = model.init(random.key(3))
+    to_hf(model, params, tmp_path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), attn_implementation="eager",
+                                                           experts_implementation="eager").eval()
+    ids = _ids(24) % model.config.vocab_size
+    assert _max_diff(model.apply(params, ids), _hf_logits(hf, ids)) < TOL
+    if family == "qwen3_moe":
+        assert hf.config.mlp_only_layers == [0, 2]
+    else:
+        assert hf.model.layers[1].mlp.shared_experts.gate_proj.weight.shape == (0, 128)
+        assert not hf.model.layers[1].mlp.gate.e_score_correction_bias.any()
+
+
+# ---- --init_from ------------------------------------------------------------------------------
+
+
+def test_a_run_starts_from_a_qwen3_moe_folder(tmp_path):
+    cfg = parse_cli("qwen3_moe_tiny", [])
+    model = build_model(cfg.family, cfg.model)
+    saved = model.init(random.key(7))
+    to_hf(model, saved, tmp_path)
+    cfg = parse_cli("qwen3_moe_tiny", ["--init_from", str(tmp_path), "--model.scan_layers"])
+    state = build.initial_state(cfg, build_model(cfg.family, cfg.model))
+    assert int(state.step) == 0
+    stacked = state.params["blocks"]["mlp"]["gate"]  # (layers, E, I, d): loaded into the scanned layout
+    assert stacked.shape[:2] == (cfg.model.n_layers, cfg.model.n_experts)
+    torch.testing.assert_close(stacked[1], saved["blocks"][1]["mlp"]["gate"], rtol=0, atol=0)
+    torch.testing.assert_close(state.params["blocks"]["mlp"]["router"]["weight"][0],
+                               saved["blocks"][0]["mlp"]["router"]["weight"], rtol=0, atol=0)
+    cfg = parse_cli("qwen3_moe_tiny", ["--init_from", str(tmp_path), "--model.n_experts", "4"])
+    with pytest.raises(ValueError, match=r"another qwen3_moe model than the run config: n_experts 8 there, 4 "
+                                         r"configured.*--model\.n_experts 8"):
+        build.initial_state(cfg, build_model(cfg.family, cfg.model))
+
+
+def test_dots1_params_load_from_a_folder(tmp_path):
+    config = get_config("dots1", "tiny")
+    model = build_model("dots1", config)
+    saved = pytree.tree_map_with_path(
+        lambda p, t: torch.randn_like(t) if p.endswith("expert_bias") else t, model.init(random.key(1)))
+    to_hf(model, saved, tmp_path)
+    params = load_initial_params(str(tmp_path), model, model_info=model_info("dots1", config))
+    pytree.tree_map(lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0), params, saved)
