@@ -52,9 +52,9 @@ from .spec import PartitionSpec as PartitionSpec
 
 __all__ = [
     "ACTIVATION_RULES",
-    "MESH_ORDER",
     "Layout",
     "Lowering",
+    "MESH_ORDER",
     "MemoryPerDevice",
     "PartitionSpec",
     "Rules",

@@ -42,7 +42,7 @@ from typing import Sequence
 
 from .rules import Rules, ShardingRuleError
 
-__all__ = ["ACTIVATION_RULES", "MESH_ORDER", "Layout", "data_parallel", "for_mesh", "fsdp", "fsdp_tp", "tensor_parallel"]
+__all__ = ["ACTIVATION_RULES", "Layout", "MESH_ORDER", "data_parallel", "for_mesh", "fsdp", "fsdp_tp", "tensor_parallel"]
 
 
 @dataclasses.dataclass(frozen=True)
