@@ -11,7 +11,8 @@ writes
 
 Nothing is downloaded: the text is the running interpreter's standard library. transformers loads the
 folder (`AutoModelForCausalLM`, `AutoTokenizer`) like any released checkpoint; `--config tiny_chat_sft`
-fine-tunes it.
+fine-tunes it. `--config qwen3_moe_tiny` writes a Qwen3-MoE folder instead, which the same SFT flags
+fine-tune with `--config qwen3_moe_tiny`.
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ def conversations(limit: int = 400) -> List[Dict[str, list]]:
     return out
 
 
-def build(out: str, *, seed: int = 0) -> str:
-    """Write the folder and the JSONL under `out` (see the module docstring); returns the model folder."""
+def build(out: str, *, seed: int = 0, config: str = "qwen2_tiny") -> str:
+    """Write the folder and the JSONL under `out` (see the module docstring); returns the model folder.
+
+    `config` names the run config whose model the folder holds (e.g. `qwen3_moe_tiny` for a Qwen3-MoE one)."""
     from ember.core import random
     from ember.data import train_bpe
     from ember.launch.run_config import get_config
@@ -78,7 +81,7 @@ def build(out: str, *, seed: int = 0) -> str:
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(out, "chat.jsonl"), "w") as fh:
         fh.writelines(json.dumps(c) + "\n" for c in convs)
-    cfg = get_config("qwen2_tiny")
+    cfg = get_config(config)
     texts = [m["content"] for c in convs for m in c["messages"]] + ["system", "user", "assistant"]
     tokenizer = train_bpe(texts, vocab_size=cfg.model.vocab_size, special_tokens=SPECIAL_TOKENS)
     tokenizer.save(os.path.join(model_dir, "tokenizer.json"))
@@ -95,8 +98,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/tiny_chat", help="where to write model/ and chat.jsonl")
     p.add_argument("--seed", type=int, default=0, help="seed of the random init")
+    p.add_argument("--config", default="qwen2_tiny", help="the run config whose model the folder holds")
     args = p.parse_args(argv)
-    folder = build(args.out, seed=args.seed)
+    folder = build(args.out, seed=args.seed, config=args.config)
     print(f"wrote {folder} and {os.path.join(args.out, 'chat.jsonl')}")
 
 
