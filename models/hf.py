@@ -329,11 +329,15 @@ def from_hf(
                               device=device)
     config = config_from_hf(hf_config, **overrides)
     state = read_safetensors_folder(path, device=str(device))
-    if dtype is not None:
-        state = {k: v.to(dtype) for k, v in state.items()}
+    if dtype is not None:  # routing correction biases stay float32, as transformers keeps them
+        state = {k: v if k.endswith(_FLOAT32_KEYS) else v.to(dtype) for k, v in state.items()}
     params = params_from_hf(state, config)
     return _adapter_for_config(config, "expected a {}, got {}.").model_cls(config), params
 
+
+_FLOAT32_KEYS = ("e_score_correction_bias",)
+"""Tensors `from_hf(dtype=...)` leaves in float32: a bfloat16 expert bias would round away the 1e-3 steps
+that balance the experts (`ember.optim.balance_experts`)."""
 
 _DESCRIPTIVE_KEYS = frozenset({"architectures", "max_position_embeddings", "bos_token_id", "eos_token_id",
                                "initializer_range", "use_cache"})
