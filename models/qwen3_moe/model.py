@@ -49,7 +49,7 @@ from ..layers import initializers as inits
 from ..layers.axes import RESIDUAL_AXES
 from ..layers.moe import MoE, RouterStats, add_router_stats, empty_router_stats, router_losses
 from ..layers.moe_router import Router
-from ..llama3.model import SwiGLU
+from ..llama3.model import Block, SwiGLU
 from ..qwen3.model import Qwen3
 from .config import Qwen3MoeConfig
 
@@ -57,23 +57,11 @@ __all__ = ["MoEBlock", "Qwen3Moe"]
 
 
 @dataclasses.dataclass(frozen=True)
-class MoEBlock(Module):
-    """Llama's pre-norm block over the carry `(x, router_stats)`; a `MoE` feed-forward adds its stats.
+class MoEBlock(Block):
+    """Llama's pre-norm block (`Block`: attn, mlp, ln_1, ln_2) over the carry `(x, router_stats)`.
 
-    Attributes:
-        attn: the token mixer.
-        mlp: a `MoE`, or a dense feed-forward layer `(B, T, d) -> (B, T, d)`.
-        ln_1: norm before `attn`.
-        ln_2: norm before `mlp`.
+    `mlp` is a `MoE`, which adds its router's stats to the carry, or a dense feed-forward layer.
     """
-
-    attn: Module
-    mlp: Module
-    ln_1: Module
-    ln_2: Module
-
-    def declare(self):
-        return {"ln_1": self.ln_1, "attn": self.attn, "ln_2": self.ln_2, "mlp": self.mlp}
 
     def apply(self, params: Params, carry: Tuple[Tensor, RouterStats], *, key: Optional[Key] = None,
               **kwargs: Any) -> Tuple[Tensor, RouterStats]:
