@@ -26,7 +26,6 @@ import math
 from typing import NamedTuple, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["Slots", "assign_slots", "combine", "dispatch", "expert_capacity", "one_hot"]
