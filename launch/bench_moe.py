@@ -44,11 +44,13 @@ def active_params(cfg) -> int:
 
 def variants(run_cfg, device, dtype) -> list:
     c = run_cfg.model
-    dense = get_config("qwen3", "tiny").replace(**{f: getattr(c, f) for f in (
-        "vocab_size", "max_seq_len", "n_layers", "n_heads", "n_kv_heads", "d_model", "attn_head_dim", "tie_embeddings")},
-        ffn_dim=c.experts_per_token * c.moe_ffn_dim)
+    shared = ("vocab_size", "max_seq_len", "n_layers", "n_heads", "n_kv_heads", "d_model", "attn_head_dim",
+              "tie_embeddings")
+    dense = get_config("qwen3", "tiny").replace(**{f: getattr(c, f) for f in shared},
+                                                ffn_dim=c.experts_per_token * c.moe_ffn_dim)
     models = {"dense (same active)": build_model("qwen3", dense)}
-    models.update({f"moe {name}": build_model("qwen3_moe", c.replace(capacity_factor=cf)) for name, cf in DISPATCH.items()})
+    for name, cf in DISPATCH.items():
+        models[f"moe {name}"] = build_model("qwen3_moe", c.replace(capacity_factor=cf))
     b, t = run_cfg.data.batch_size, run_cfg.data.seq_len
     tokens = random.randint(random.key(1234), (b, t + 1), 0, c.vocab_size).to(device)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
@@ -99,8 +101,9 @@ def main(argv=None) -> int:
     tokens = run_cfg.data.batch_size * run_cfg.data.seq_len
     dense_s = percentile(timed[vs[0].name]["times"], 0.5)
     peak = matmul_peak(device) if device.type == "cuda" else None
+    command = f"python launch/bench_moe.py --config {args.config} --dtype {args.dtype}"
     lines = [f"torch {torch.__version__}, {device.type}, {args.dtype}, {tokens} tokens per step, median of "
-             f"{args.iters} round-robin steps (`python launch/bench_moe.py --config {args.config} --dtype {args.dtype}`)",
+             f"{args.iters} round-robin steps (`{command}`)",
              "", "| variant | params | step ms | tokens/s | vs dense |" + (" MFU (active) |" if peak else ""),
              "|---|---|---|---|---|" + ("---|" if peak else "")]
     flops_per_token = 6 * active_params(run_cfg.model)

@@ -42,7 +42,8 @@ from typing import Sequence
 
 from .rules import Rules, ShardingRuleError
 
-__all__ = ["ACTIVATION_RULES", "Layout", "MESH_ORDER", "data_parallel", "for_mesh", "fsdp", "fsdp_tp", "tensor_parallel"]
+__all__ = ["ACTIVATION_RULES", "Layout", "MESH_ORDER", "data_parallel", "for_mesh", "fsdp", "fsdp_tp",
+           "tensor_parallel"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,8 @@ MESH_ORDER = ("dp", "fsdp", "ep", "tp")
 exchange is an all-to-all within `ep`."""
 
 _TP_WEIGHTS = [("layers", None), ("expert", "ep"), ("vocab", "tp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp")]
-_WHOLE = [("layers", None), ("expert", None), ("vocab", None), ("heads", None), ("kv_heads", None), ("mlp", None), ("embed", None)]
+_WHOLE = [("layers", None), ("expert", None), ("vocab", None), ("heads", None), ("kv_heads", None), ("mlp", None),
+          ("embed", None)]
 
 
 def data_parallel(axis: str = "dp") -> Layout:
@@ -111,7 +113,8 @@ def tensor_parallel(axis: str = "tp") -> Layout:
     """Megatron: column-parallel in (heads, kv_heads, mlp, vocab), row-parallel out; batch replicated."""
     rules = Rules([(n, axis if m == "tp" else m) for n, m in _TP_WEIGHTS]) + [("embed", None)]
     acts = Rules([("batch", None), ("batch_no_expert", None), ("expert", None)]
-                 + [(n, axis if m == "tp" else m) for n, m in ACTIVATION_RULES if not n.startswith(("batch", "expert"))])
+                 + [(n, axis if m == "tp" else m) for n, m in ACTIVATION_RULES
+                    if not n.startswith(("batch", "expert"))])
     return Layout(rules, acts, "tensor_parallel")
 
 
@@ -130,7 +133,7 @@ def for_mesh(mesh_names: Sequence[str]) -> Layout:
     unknown = [n for n in names if n not in ("dp", "fsdp", "tp", "ep")]
     if unknown:
         raise ShardingRuleError(
-            f"mesh axis {unknown[0]!r} is not used by the ready-made layout (axes dp, fsdp, tp, ep); rename it, or pass "
-            f"your own rules, e.g. Layout.same([('batch', {unknown[0]!r}), ...])."
+            f"mesh axis {unknown[0]!r} is not used by the ready-made layout (axes dp, fsdp, tp, ep); rename it, or "
+            f"pass your own rules, e.g. Layout.same([('batch', {unknown[0]!r}), ...])."
         )
     return fsdp_tp().restrict_to(names)

@@ -228,7 +228,7 @@ def describe_sharding(
 
 
 def _experts_line(rows: Sequence[ShardRow], axes: Any) -> List[str]:
-    """`["experts: E per layer, e per device"]` for a mixture of experts (its stacked expert weights), else `[]`."""
+    """`["experts: E per MoE layer, e per device"]` for a mixture of experts, else `[]`."""
     flat, _ = tree_flatten_with_path(axes, is_leaf=lambda a: isinstance(a, tuple))
     expert_dim = {pytree.keystr(p): a.index(EXPERT_AXIS) for p, a in flat if isinstance(a, tuple) and EXPERT_AXIS in a}
     for r in rows:

@@ -106,7 +106,8 @@ class Qwen3MoeConfig(Qwen3Config):
                              f"topk_groups={self.topk_groups} must be between 1 and n_expert_groups.")
         bad = [i for i in self.mlp_only_layers if not (isinstance(i, int) and 0 <= i < self.n_layers)]
         if bad:
-            raise ValueError(f"{type(self).__name__}.mlp_only_layers names layers {bad} outside 0..{self.n_layers - 1}.")
+            raise ValueError(f"{type(self).__name__}.mlp_only_layers names layers {bad} outside "
+                             f"0..{self.n_layers - 1}.")
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether block `layer` routes to experts (else it is a dense SwiGLU of `ffn_dim`)."""

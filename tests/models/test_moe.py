@@ -135,8 +135,9 @@ def test_expert_bias_moves_toward_balance_and_nothing_else_sees_it():
     tokens = random.randint(random.key(2), (4, 16), 0, 256)
     batch = {"inputs": tokens, "targets": tokens}
     new, metrics = train_step(lm_loss(model), tx)(state, batch)
-    bias, moved = params["blocks"][0]["mlp"]["router"]["expert_bias"], new.params["blocks"][0]["mlp"]["router"]["expert_bias"]
-    loads = grad(lambda p: lm_loss(model)(p, batch, key=None)[0].mean())(params)["blocks"][0]["mlp"]["router"]["expert_bias"]
+    bias_of = lambda tree: tree["blocks"][0]["mlp"]["router"]["expert_bias"]  # noqa: E731
+    bias, moved = bias_of(params), bias_of(new.params)
+    loads = bias_of(grad(lambda p: lm_loss(model)(p, batch, key=None)[0].mean())(params))
     busy = loads > loads.mean()
     assert torch.equal(moved - bias, torch.where(busy, -0.01, 0.01) * (loads != loads.mean()))
     assert metrics["moe_max_load"] > 1
