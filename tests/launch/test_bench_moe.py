@@ -1,0 +1,23 @@
+"""`launch/bench_moe.py`'s figures that need no timing: active parameters and memory per expert-parallel degree."""
+
+import importlib.util
+import pathlib
+
+from ember.models import get_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_moe", ROOT / "launch" / "bench_moe.py")
+bench_moe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_moe)
+
+
+def test_active_parameters_are_the_released_models():
+    assert round(bench_moe.active_params(get_config("qwen3_moe", "30b-a3b")) / 1e9, 2) == 3.35  # "A3B"
+    assert round(bench_moe.active_params(get_config("qwen3_moe", "235b-a22b")) / 1e9, 1) == 22.2  # "A22B"
+
+
+def test_memory_per_device_falls_with_the_expert_parallel_degree():
+    rows = bench_moe.memory_rows("30b", get_config("qwen3_moe", "30b-a3b"))
+    assert [(mesh, experts) for _, mesh, experts, _ in rows] == [("fsdp=8", 128), ("fsdp=8,ep=2", 64), ("fsdp=8,ep=4", 32)]
+    gib = [g for *_, g in rows]
+    assert gib[0] > gib[1] > gib[2] and round(gib[0], 1) == 42.7  # 30.5B x (param + 2 moments) x 4 B / 8
