@@ -39,6 +39,7 @@ def main(argv=None):
         print(models.describe(model))
         return None
     sharding = sharded.setup(args.mesh)  # None unless under torchrun or --mesh; before any device tensor
+    sharded.check_moe_tensor_parallel(cfg.backend, sharding, model)
     finished, history = False, None
     try:  # only rank 0 writes files: it holds the run directory
         if build.preflight(cfg, args, main=sharded.is_main()):  # else the run already reached --steps

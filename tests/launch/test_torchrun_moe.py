@@ -1,6 +1,7 @@
 """`launch/train.py --config qwen3_moe_tiny` under torchrun with expert parallelism, compiled by Inductor
-over gloo, against the same run in one process; its checkpoint resumes on another `ep` degree."""
+over gloo, against the same run in one process; its checkpoint resumes on another `ep` degree (eagerly)."""
 
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -17,6 +18,11 @@ SHORT = ["--config", "qwen3_moe_tiny", "--model.n_layers", "1", "--data.max_byte
          "--eval_every", "0", "--sample_tokens", "0", "--optim.schedule", "constant"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
 STEPS = 4
+
+# The torch_xla environment (torch 2.9) runs the MoE launcher as tpu_pod.py (test_moe_xla.py) and DTensor
+# expert parallelism without the launcher (test_moe_dtensor.py); these launches run on 2.15 (make test).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
+                                reason="the torch_xla environment tests the MoE launcher as tpu_pod.py")
 
 
 def _train(out: pathlib.Path, *prefix: str, args=()) -> list:
@@ -43,7 +49,9 @@ def test_ep_fsdp_run_matches_one_process_and_resumes_on_ep4(tmp_path, one_proces
     run = tmp_path / "run"
     first = _train(run, *TORCHRUN, args=["--mesh", "ep=2,fsdp=2", "--steps", "2", "--checkpoint_every", "0"])
     _assert_same(first, one_process[:2])
-    _train(run, *TORCHRUN, args=["--mesh", "ep=4", "--steps", str(STEPS), "--resume", "--checkpoint_every", "0"])
+    # the restore is what this run checks: eager saves a third compile of 4 ranks on 2 cores
+    _train(run, *TORCHRUN, args=["--mesh", "ep=4", "--steps", str(STEPS), "--resume", "--checkpoint_every", "0",
+                                 "--backend", "eager"])
     resumed = [(s, x) for s, x in [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r] if s > 2]
     _assert_same(resumed, one_process[2:])
 
