@@ -43,9 +43,9 @@ def test_the_sft_path_fine_tunes_a_qwen3_moe_folder(tmp_path, capsys):
     folder = build(str(tmp_path / "chat"), config="qwen3_moe_tiny")
     history = train.main(["--config", "qwen3_moe_tiny", "--init_from", folder, "--data.source", "sft",
                           "--data.path", str(tmp_path / "chat" / "chat.jsonl"), "--data.tokenizer", "model",
-                          "--data.tokenizer_path", folder, "--data.seq_len", "128", "--data.batch_size", "4",
+                          "--data.tokenizer_path", folder, "--data.seq_len", "64", "--data.batch_size", "4",
                           "--out", str(tmp_path / "run"), "--steps", "8", "--eval_every", "8", "--log_every", "4",
-                          "--eval_batches", "2", "--backend", "eager", "--sample_tokens", "0"])
+                          "--eval_batches", "1", "--backend", "eager", "--sample_tokens", "0"])
     evals = [r["eval_loss"] for r in history if "eval_loss" in r]
     assert evals[-1] < evals[0], evals
     assert all("moe_aux_loss" in r for r in history if "loss" in r)
