@@ -161,10 +161,13 @@ class MoE(Module):
     def _stats(self, params: Params, routing: Any, slots: Any, mask: Optional[Tensor]) -> RouterStats:
         """This layer's `RouterStats`; tokens where `mask` is 0 count for nothing but capacity."""
         N, k = routing.indices.shape
-        w = torch.ones(N, device=routing.logits.device) if mask is None else mask.reshape(N).to(torch.float32)
-        onehot = one_hot(routing.indices, self.n_experts, torch.float32).sum(1)  # (N, E)
-        counts = (onehot * w.unsqueeze(-1)).sum(0).detach()  # (E,)
-        load = slots.counts.sum(0)  # (E,) every token, as the buffer saw them
+        load = slots.counts.sum(0)  # (E,) pairs per expert, every token, as the buffer saw them
+        if mask is None:
+            w, counts = torch.ones(N, device=routing.logits.device), load
+        else:  # the same counts, with padding tokens left out
+            w = mask.reshape(N).to(torch.float32)
+            onehot = one_hot(routing.indices, self.n_experts, torch.float32).sum(1)  # (N, E)
+            counts = (onehot * w.unsqueeze(-1)).sum(0).detach()  # (E,)
         stats = {
             "counts": counts,
             "probs": (routing.probs * w.unsqueeze(-1)).sum(0),
