@@ -105,6 +105,16 @@ def test_aux_loss_is_transformers_pooled_load_balancing_loss():
     want = load_balancing_loss_func(tuple(logits), 6, 2)
     aux, _, metrics = router_losses(stats, 6)
     torch.testing.assert_close(aux, want, rtol=0, atol=1e-6)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0  # right padding leaves the stats, as in transformers
+    logits.clear()
+    Router.apply = recording
+    try:
+        _, masked = model.features_and_extras(params, tokens, attention_mask=mask)
+    finally:
+        Router.apply = router_apply
+    torch.testing.assert_close(router_losses(masked, 6)[0], load_balancing_loss_func(tuple(logits), 6, 2, mask),
+                               rtol=0, atol=1e-6)
     assert set(metrics) == {"moe_aux_loss", "moe_z_loss", "moe_dropped", "moe_max_load"}
     del transformers
 
