@@ -11,8 +11,10 @@ How it works:
 
 - Eagerly the block runs inside a custom `torch.autograd.Function` (setup_context style, so
   functorch accepts it) that saves only the block's tensor inputs and, in backward, recomputes
-  the block under `torch.func.vjp`. `torch.utils.checkpoint` cannot be used here: it relies on
-  saved-tensor hooks, which `torch.func.grad` refuses.
+  the block under `torch.func.vjp`. Not `torch.utils.checkpoint`: it differentiates under ember's
+  `grad` (not under `torch.func.grad`), but in the compiled step its selective policies only tag
+  the traced nodes and its plain recomputation keeps most activations (BENCHMARKS.md, "One compile
+  path").
 - `torch.func.grad` runs its backward with `create_graph=True`, so every op of the backward is
   also recorded at the grad's own level and its tensors stay alive until the whole gradient is
   done. remat's backward therefore recomputes one level down, where nothing is recorded for that

@@ -12,8 +12,9 @@ rematerialised layers, `remat_scan` keeps compile time flat in the length: the f
 backward are each one rolled loop (a layer compiled once, apart from the step, under
 `jit(backend="inductor")`; an XLA `While` on torch_xla). `remat(body, shared=True)` makes every
 call of one body a shared subgraph instead (the glue between calls still unrolls). torch's rolled scan operator
-(`torch._higher_order_ops.scan`) fails under `torch.func.grad` (2.9: "view functorch tensors are
-not supported by meta conversion"; 2.15: "Expected FakeTensor"), so ember does not use it.
+(`torch._higher_order_ops.scan`) differentiates under ember's `grad` and compiles, but its backward
+keeps every layer's intermediates whatever the body's remat (BENCHMARKS.md, "One compile path"), and
+on torch 2.9 its gradients are wrong, so ember's layers do not use it.
 
 Example:
     >>> import torch
@@ -126,8 +127,7 @@ def scan(
         xs: a pytree whose tensor leaves share a leading dim of size `length` (None leaves are
             passed to `f` as None), or None.
         length: number of steps; required when `xs` has no leaves, else must match.
-        unroll: must be True: the loop is unrolled (torch 2.9's rolled scan op does not support
-            `torch.func.grad`).
+        unroll: must be True: the loop is unrolled (for a rolled loop of layers, use `remat_scan`).
 
     Returns:
         `(carry, ys)`: the final carry and the `y`s stacked along a new dim 0 (None if `f`
@@ -149,8 +149,9 @@ def scan(
     """
     if unroll is not True:
         raise ValueError(
-            f"scan(unroll={unroll!r}) is not supported: ember's scan always unrolls, because "
-            "torch 2.9's rolled scan operator fails under torch.func.grad. Pass unroll=True."
+            f"scan(unroll={unroll!r}) is not supported: ember's scan always unrolls (torch's rolled scan "
+            "keeps every step's intermediates for its backward, and its gradients are wrong on torch 2.9). "
+            "Pass unroll=True, or use remat_scan for a rolled loop of layers."
         )
     n = _leading_dim(xs, what="xs")
     if length is not None and (isinstance(length, bool) or not isinstance(length, int)):

@@ -3,9 +3,13 @@
 Public names: `grad`, `value_and_grad`, `vmap`, `remat`, `remat_scan`, `checkpoint_name`, `scan`,
 `shared_call`, `rolled_sum`, `stack_trees`, `unstack_trees`.
 
-`grad`, `value_and_grad` and `vmap` are thin layers over `torch.func` with JAX's calling
-conventions (`value_and_grad` returns `(value, grads)`, not torch's `(grads, value)`) and errors
-that say what the function returned and how to fix it. `remat` lives in `ember.core.remat` (its
+`grad`, `value_and_grad` and `vmap` have JAX's calling conventions (`value_and_grad` returns
+`(value, grads)`, not torch's `(grads, value)`) and errors that say what the function returned and
+how to fix it. `vmap` is `torch.func.vmap`. The gradients are taken with `torch.autograd.grad` on
+fresh leaves made inside the call (`ember.core.autograd_grad`: pure from outside, and traced into
+the step by `jit`), so `torch.utils.checkpoint`, torch's `scan` and `invoke_subgraph` differentiate;
+inside a `torch.func` transform (`vmap`, `jvp`, `torch.func.grad`) or under Dynamo they are
+`torch.func.grad`, which composes there. `remat` lives in `ember.core.remat` (its
 policies and `checkpoint_name` in `ember.core.remat_policies`),
 `scan` / `stack_trees` / `unstack_trees` in `ember.core.scan`, `shared_call` in
 `ember.core.shared_call`, `rolled_sum` in `ember.core.rolled_loop`, `remat_scan` in
@@ -34,6 +38,8 @@ from typing import Any, Callable, Literal, Optional, Sequence, Tuple, Union, get
 
 import torch
 
+from .autograd_grad import autograd_value_and_grad
+from .compat.functorch import any_transform_active
 from .pytree import tree_leaves, tree_leaves_with_path
 from .remat import remat as remat
 from .remat_policies import checkpoint_name as checkpoint_name
@@ -217,13 +223,12 @@ def grad(fn: Callable, argnums: Argnums = 0, *, has_aux: bool = False) -> Callab
         >>> g["w"].tolist(), int(aux["n"])
         ([1.0, 2.0], 2)
     """
-    argnums = _check_argnums(argnums)
-    checked, call = _checked(fn, has_aux=has_aux, argnums=argnums)
-    inner = torch.func.grad(checked, argnums=argnums, has_aux=has_aux)
+    value_and_grad_fn = value_and_grad(fn, argnums, has_aux=has_aux)
 
     @functools.wraps(fn)
     def grad_fn(*args: Any, **kwargs: Any) -> Any:
-        return call(inner, *args, **kwargs)
+        out, grads = value_and_grad_fn(*args, **kwargs)
+        return (grads, out[1]) if has_aux else grads
 
     return grad_fn
 
@@ -258,10 +263,17 @@ def value_and_grad(fn: Callable, argnums: Argnums = 0, *, has_aux: bool = False)
     argnums = _check_argnums(argnums)
     checked, call = _checked(fn, has_aux=has_aux, argnums=argnums)
     inner = torch.func.grad_and_value(checked, argnums=argnums, has_aux=has_aux)
+    indices = argnums if isinstance(argnums, tuple) else (argnums,)
+
+    def by_autograd(*args: Any, **kwargs: Any) -> Any:
+        out, grads = autograd_value_and_grad(checked, indices, has_aux, args, kwargs)
+        return grads if isinstance(argnums, tuple) else grads[0], out
 
     @functools.wraps(fn)
     def value_and_grad_fn(*args: Any, **kwargs: Any) -> Any:
-        grads, value = call(inner, *args, **kwargs)
+        # torch.func where its transforms compose (inside vmap / jvp / grad) or Dynamo traces.
+        use_func = any_transform_active() or torch.compiler.is_dynamo_compiling()
+        grads, value = call(inner if use_func else by_autograd, *args, **kwargs)
         return value, grads
 
     return value_and_grad_fn

@@ -3,8 +3,10 @@
 Public names: `from_torch`, `TorchModel`, `axes_from_rules`, `HF_GPT2_AXES_RULES`,
 `HF_LLAMA_AXES_RULES`.
 
-The bridge calls the module functionally with `torch.func.functional_call`, so its weights come
-from the params pytree passed to `apply` and never from the module itself:
+The bridge calls the module functionally, as `torch.func.functional_call` does, so its weights come
+from the params pytree passed to `apply` and never from the module itself. Inside an ember gradient
+the weights stay swapped in until the backward is done, so a `torch.utils.checkpoint` in the module
+(transformers' `gradient_checkpointing_enable()`, with `eval_mode=False`) recomputes with them:
 
 - **Params** are a nested dict keyed by module path, like every ember model's tree
   (`{"transformer": {"h": {"0": {"attn": {"c_attn": {"weight": T}}}}}}`), so a leaf's dotted pytree
@@ -53,6 +55,8 @@ import torch
 from torch import Tensor
 
 from ..core import pytree
+from ..core.autograd_grad import held_through_backward
+from ..core.compat.stateless import reparametrized
 from ..core.partition_specs.path_rules import AxesRule, DefaultAxes, axes_from_rules
 from ..core.types import Key, Params, PyTree
 from .bridge_remat import RematRules, check_remat_rules, remat_submodules
@@ -196,10 +200,11 @@ class TorchModel:
                 f"{missing[:5]}{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
                 f"{' ...' if len(unknown) > 5 else ''}. Start from model.init() and keep its tree."
             )
-        with remat_submodules(self.module, self._remat):
-            return torch.func.functional_call(
-                self.module, {**flat, **self.buffers}, tuple(args), kwargs, tie_weights=True, strict=True
-            )
+        # Held through an ember gradient's backward: a torch.utils.checkpoint inside the module
+        # (transformers' gradient_checkpointing_enable()) recomputes there with these weights.
+        with remat_submodules(self.module, self._remat), \
+                held_through_backward(reparametrized(self.module, {**flat, **self.buffers})):
+            return self.module(*args, **kwargs)
 
     def state_dict(self, params: Params) -> Dict[str, Tensor]:
         """A torch `state_dict` for the module: `params` (under every tied name) plus persistent buffers.

@@ -92,6 +92,9 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
                _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_traced_inductor_names_exist"),
     Workaround("functorch_levels", "access", "https://github.com/pytorch/pytorch/issues/122729",
                _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_checkpoint_still_fails_under_func_grad"),
+    # A checkpoint inside a bridged module recomputes after `functional_call` returned (see stateless.py).
+    Workaround("module_reparametrize", "access", "https://github.com/pytorch/pytorch/pull/171061",
+               _TESTED_RANGE, _MEASURED, "tests/models/test_bridge_checkpointing.py"),
     Workaround("pytree", "access", "https://github.com/pytorch/pytorch/issues/65761",
                _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_pytree_has_no_public_module"),
     Workaround("dynamo_counters", "access", "https://github.com/pytorch/pytorch/pull/185782",

@@ -7,18 +7,16 @@ Inductor, nor one that counts the graphs a `torch.compile` backend receives (WOR
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 
 __all__ = [
     "CountingInductor",
     "DataDependentError",
-    "cacheable_compile_context",
     "dynamo_graph_count",
-    "trace_on_fake_tensors",
+    "trace_and_compile",
 ]
 
 
@@ -57,38 +55,38 @@ class CountingInductor(torch._TorchCompileInductorWrapper):
         return super().__call__(gm, example_inputs)
 
 
-def trace_on_fake_tensors(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
-    """`make_fx(fn)(*inputs)` on fake tensors, with `torch.compiler.is_compiling()` True meanwhile.
+def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
+                      compile: Optional[Callable[[torch.fx.GraphModule, Sequence[torch.Tensor]], Any]] = None) -> Any:
+    """`make_fx(fn)(*inputs)` on fake tensors, then `compile(gm, inputs)` (or `gm` when None).
+
+    The fake mode is owned here, with a shape environment, and one tracing context covers tracing
+    and compiling: torch's `scan`, `invoke_subgraph` and checkpoint operators trace their bodies in
+    the caller's fake mode, Inductor resolves those bodies' sizes in the same environment, and its
+    FX-graph and AOTAutograd caches can key the graph (a second process loads it).
+    `torch.compiler.is_compiling()` is True while tracing.
 
     Raises:
         DataDependentError: `fn` read a tensor's value (`.item()`, `bool(t)`, `if t > 0`).
     """
-    from torch._subclasses.fake_tensor import DataDependentOutputException
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
-    try:
-        gm = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
-    except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
-        raise DataDependentError(str(err).splitlines()[0][:200]) from err
-    finally:
-        torch.compiler._is_compiling_flag = before
-    if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
-        raise DataDependentError("a tensor was converted to a Python number")
-    return gm
-
-
-@contextlib.contextmanager
-def cacheable_compile_context() -> Iterator[None]:
-    """A tracing context whose fake mode has a shape environment, so Inductor and AOTAutograd
-    can key a traced graph in their on-disk caches (a second process then loads it)."""
     from torch._guards import TracingContext, tracing
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
-    with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
-        yield
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    with tracing(TracingContext(fake_mode)):
+        before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
+        try:
+            with fake_mode:
+                fake_inputs = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+                gm = make_fx(fn, tracing_mode="real", _allow_non_fake_inputs=True)(*fake_inputs)
+        except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
+            raise DataDependentError(str(err).splitlines()[0][:200]) from err
+        finally:
+            torch.compiler._is_compiling_flag = before
+        if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
+            raise DataDependentError("a tensor was converted to a Python number")
+        return gm if compile is None else compile(gm, inputs)
 
 
 def dynamo_graph_count() -> int:

@@ -32,7 +32,7 @@ from torch import Tensor
 from ..compat import compiling_with
 from ..compat.gloo_all_gather import gloo_all_gather_out
 from ..compat.pytree import spec_children
-from ..compat.inductor import DataDependentError, cacheable_compile_context, trace_on_fake_tensors
+from ..compat.inductor import DataDependentError, trace_and_compile
 from ..compat.inductor_batching import batched_cpu_kernels
 from ..compat.inductor_frees import frees_after_last_read
 from ..compat.inductor_isa import vec_isa_probe_memo
@@ -154,10 +154,8 @@ class FxCompiled:
             recorded["kinds"] = tuple(kinds)
             return tuple(graph_out)
 
-        def trace_and_compile() -> Callable[..., Any]:
-            gm = trace_on_fake_tensors(flat, unique)
-            with cacheable_compile_context():
-                return self._compiler(gm, unique)
+        def trace_then_compile() -> Callable[..., Any]:
+            return trace_and_compile(flat, unique, self._compiler)
 
         patches = [("frees_after_last_read", frees_after_last_read), ("shared_subgraph", shared_subgraphs)]
         if any(t.device.type == "cpu" for t in unique):
@@ -166,7 +164,7 @@ class FxCompiled:
                        ("cpp_kernel_batching", batched_cpu_kernels),
                        ("gloo_all_gather_out", gloo_all_gather_out)]  # DTensor steps over gloo
         try:
-            compiled = compiling_with(patches, trace_and_compile, passthrough=(DataDependentError, _NotDonatable))
+            compiled = compiling_with(patches, trace_then_compile, passthrough=(DataDependentError, _NotDonatable))
         except DataDependentError as err:
             raise RuntimeError(_MSG_READS_VALUE.format(detail=err)) from None
         return _Graph(compiled, recorded["spec"], recorded["kinds"])

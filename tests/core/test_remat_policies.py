@@ -41,11 +41,11 @@ def _loss(policy):
 
 def _traced_ops(policy):
     """aten op counts of the traced gradient, after dead code is removed (what Inductor receives)."""
-    from ember.core.compat.inductor import trace_on_fake_tensors
+    from ember.core.compat.inductor import trace_and_compile
 
     p, x = _case()
-    gm = trace_on_fake_tensors(lambda p1, p2, x: value_and_grad(_loss(policy))({"w1": p1, "w2": p2}, x),
-                               [p["w1"], p["w2"], x])
+    gm = trace_and_compile(lambda p1, p2, x: value_and_grad(_loss(policy))({"w1": p1, "w2": p2}, x),
+                          [p["w1"], p["w2"], x])
     gm.graph.eliminate_dead_code()
     return Counter(
         str(n.target).split(".")[1] for n in gm.graph.nodes

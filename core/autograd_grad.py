@@ -1,0 +1,98 @@
+"""Gradients taken with `torch.autograd.grad` on fresh leaves made inside the call: pure from outside.
+
+`ember.core.transforms.grad` / `value_and_grad` use this whenever no `torch.func` transform is
+active and Dynamo is not tracing: eagerly, inside `jit(backend="inductor")`'s `make_fx` trace (the
+backward is recorded into the step's graph, as torchtitan's graph trainer does, torchtitan#2561)
+and on torch_xla. Unlike `torch.func.grad`, autograd's engine runs saved-tensor hooks, so
+`torch.utils.checkpoint` (transformers' `gradient_checkpointing_enable()`), torch's `scan` and
+`invoke_subgraph` differentiate (pytorch#169120, #172568 and PR #187316 track `torch.func.grad`).
+
+Pure from the outside: the differentiated arguments are replaced by leaves that require grad
+(detached copies at the outermost level, so nothing the caller holds is touched or retained), and
+the value, aux and gradients come back detached. Nested inside another such gradient (grad of
+grad), the leaves stay connected to the outer ones and the backward is recorded (`create_graph`),
+so the outer gradient differentiates through the inner one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .pytree import tree_flatten, tree_map, tree_unflatten
+
+__all__ = ["autograd_value_and_grad", "held_through_backward"]
+
+# How many autograd-path gradients enclose this one (trace-time bookkeeping, not step state).
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("ember_autograd_grad_depth", default=0)
+# Contexts entered inside the innermost gradient's function, to exit once its backward is done.
+_HELD: contextvars.ContextVar[Optional[List[ContextManager[Any]]]] = contextvars.ContextVar(
+    "ember_autograd_grad_held", default=None)
+
+
+@contextlib.contextmanager
+def held_through_backward(context: ContextManager[Any]) -> Iterator[None]:
+    """Enter `context` for the block; inside an ember gradient (grad enabled), keep it entered until
+    that gradient's backward is done, so what a `torch.utils.checkpoint` recomputes there sees it too
+    (a bridged module's swapped-in parameters). Held contexts exit in reverse order."""
+    held = _HELD.get()
+    if held is None or not torch.is_grad_enabled():
+        with context:
+            yield
+        return
+    context.__enter__()
+    held.append(context)
+    yield
+
+
+def _fresh_leaves(arg: Any, nested: bool) -> Tuple[Any, List[Tensor]]:
+    leaves, spec = tree_flatten(arg)
+    fresh = [t.view_as(t) if nested and t.requires_grad else t.detach().requires_grad_(True) for t in leaves]
+    return tree_unflatten(fresh, spec), fresh
+
+
+def _detached(tree: Any) -> Any:
+    return tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, tree)
+
+
+def autograd_value_and_grad(fn: Callable, indices: Sequence[int], has_aux: bool,
+                            args: Sequence[Any], kwargs: dict) -> Tuple[Any, List[Any]]:
+    """`(out, grads)`: `fn(*args, **kwargs)` and the gradient of its loss for each of `indices`.
+
+    `out` is the loss or `(loss, aux)`; `grads[k]` has the structure of `args[indices[k]]`, with
+    zeros where the loss does not depend on a leaf (as `torch.func.grad` gives).
+    """
+    depth = _DEPTH.get()
+    nested = depth > 0 or any(t.requires_grad for i in indices for t in tree_flatten(args[i])[0])
+    args = list(args)
+    per_arg: List[Tuple[Any, List[Tensor]]] = []
+    for i in indices:
+        args[i], fresh = _fresh_leaves(args[i], nested)
+        per_arg.append((tree_flatten(args[i])[1], fresh))
+    token, held_token = _DEPTH.set(depth + 1), _HELD.set([])
+    try:
+        with torch.enable_grad():
+            out = fn(*args, **kwargs)
+            loss = out[0] if has_aux else out
+            inputs = [t for _, fresh in per_arg for t in fresh]
+            if loss.requires_grad:
+                found = torch.autograd.grad(loss, inputs, allow_unused=True, materialize_grads=True,
+                                            create_graph=nested)
+            else:  # the loss does not depend on the differentiated arguments at all
+                found = tuple(torch.zeros_like(t) for t in inputs)
+    finally:
+        for context in reversed(_HELD.get()):
+            context.__exit__(None, None, None)
+        _DEPTH.reset(token)
+        _HELD.reset(held_token)
+    grads, start = [], 0
+    for spec, fresh in per_arg:
+        grads.append(tree_unflatten(list(found[start:start + len(fresh)]), spec))
+        start += len(fresh)
+    if not nested:
+        out, grads = _detached(out), _detached(grads)
+    return out, grads
