@@ -5,8 +5,8 @@ Public names: `PRIMITIVES`, `primitives_child`.
 
 A stack of residual MLP blocks, stacked weights, gradient taken by `ember.core.transforms.value_and_grad`
 inside `jit(backend="inductor")`. Variants are `<loop>-<remat>`:
-- loop `unrolled` (a Python loop), `torch_scan` (`torch._higher_order_ops.scan`, torch's rolled
-  loop) or `ember_scan` (`ember.core.transforms.remat_scan`, the `ember::rolled_loop` op);
+- loop `unrolled` (a Python loop), `torch_scan` (torch's rolled loop operator) or `ember_scan`
+  (`ember.core.transforms.remat_scan`, the `ember::rolled_loop` op);
 - remat `none`, `ember` (`ember.core.transforms.remat`, policy full), `ember_dots` (dots_saveable),
   `checkpoint` (`torch.utils.checkpoint`, non-reentrant) or `sac_dots` (the same with a selective
   policy keeping matmul outputs).
@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict
 import torch
 
 from ember.core import jit
+from ember.core.compat.torch_scan import torch_scan
 from ember.core.transforms import remat, remat_scan, value_and_grad
 
 from .children import memory_peak
@@ -61,9 +62,7 @@ def _loss(variant: str, layers: int) -> Callable[..., torch.Tensor]:
 
     def loss(p: Dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         if loop == "torch_scan":
-            from torch._higher_order_ops.scan import scan
-
-            x, _ = scan(body, x, (p["w1"], p["w2"]))
+            x, _ = torch_scan(body, x, (p["w1"], p["w2"]))
         elif loop == "ember_scan":
             x = remat_scan(lambda h, w, _: _block(w[0], w[1], h), x, (p["w1"], p["w2"]),
                            policy="full" if how == "ember" else "none")
