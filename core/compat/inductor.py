@@ -59,11 +59,13 @@ def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
                       compile: Optional[Callable[[torch.fx.GraphModule, Sequence[torch.Tensor]], Any]] = None) -> Any:
     """`make_fx(fn)(*inputs)` on fake tensors, then `compile(gm, inputs)` (or `gm` when None).
 
-    The fake mode is owned here, with a shape environment, and one tracing context covers tracing
-    and compiling: torch's `scan`, `invoke_subgraph` and checkpoint operators trace their bodies in
-    the caller's fake mode, Inductor resolves those bodies' sizes in the same environment, and its
-    FX-graph and AOTAutograd caches can key the graph (a second process loads it).
-    `torch.compiler.is_compiling()` is True while tracing.
+    One fake mode, owned here with a shape environment, serves tracing and compiling: torch's `scan`
+    and checkpoint operators trace their bodies in the caller's fake mode (a second one fails), and
+    Inductor resolves their sizes in the same environment; with it, Inductor's FX-graph and
+    AOTAutograd caches can key the graph (a second process loads it). Compiling gets a tracing
+    context of its own: on torch 2.9, lowering `invoke_subgraph` in the tracing context that traced
+    it reuses the undecomposed body ("both a fallback and a decomp"). `torch.compiler.is_compiling()`
+    is True while tracing.
 
     Raises:
         DataDependentError: `fn` read a tensor's value (`.item()`, `bool(t)`, `if t > 0`).
@@ -74,19 +76,21 @@ def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
+    try:
+        with tracing(TracingContext(fake_mode)), fake_mode:
+            fake_inputs = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+            gm = make_fx(fn, tracing_mode="real", _allow_non_fake_inputs=True)(*fake_inputs)
+    except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
+        raise DataDependentError(str(err).splitlines()[0][:200]) from err
+    finally:
+        torch.compiler._is_compiling_flag = before
+    if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
+        raise DataDependentError("a tensor was converted to a Python number")
+    if compile is None:
+        return gm
     with tracing(TracingContext(fake_mode)):
-        before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
-        try:
-            with fake_mode:
-                fake_inputs = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
-                gm = make_fx(fn, tracing_mode="real", _allow_non_fake_inputs=True)(*fake_inputs)
-        except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
-            raise DataDependentError(str(err).splitlines()[0][:200]) from err
-        finally:
-            torch.compiler._is_compiling_flag = before
-        if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
-            raise DataDependentError("a tensor was converted to a Python number")
-        return gm if compile is None else compile(gm, inputs)
+        return compile(gm, inputs)
 
 
 def dynamo_graph_count() -> int:

@@ -31,7 +31,7 @@ def test_loss_memory_and_compile_sections_report(tmp_path):
 
 def test_no_section_chosen_is_an_error():
     proc = subprocess.run([sys.executable, str(ROOT / "launch" / "bench_scale.py")], capture_output=True, text=True)
-    assert proc.returncode == 2 and "choose at least one of --loss-memory" in proc.stderr
+    assert proc.returncode == 2 and "choose at least one of --torch-primitives" in proc.stderr
 
 
 def test_ratios_to_a_baseline_that_measured_nothing_read_n_a():
@@ -50,3 +50,21 @@ def test_overrides_become_the_flags_the_run_config_parses():
     config = parse_cli("llama3_tiny", flags)
     assert config.model.scan_layers and config.model.n_layers == 3 and config.microbatches == 2
     assert not parse_cli("llama3_tiny", [*flags, _flag("model.scan_layers", False)]).model.scan_layers
+
+
+@pytest.mark.slow
+def test_baseline_primitives_and_bridged_checkpointing_sections_report(tmp_path):
+    md = tmp_path / "scale.md"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "bench_scale.py"), "--baseline", "HEAD", "--compile-microbatches", "1",
+         "--torch-primitives", "unrolled-none,unrolled-checkpoint", "--bridged-checkpointing", "--hf-layers", "1",
+         "--hf-hidden", "64", "--batch", "1", "--seq", "16", "--config", "llama3_tiny", "--markdown", str(md)],
+        capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    text = md.read_text()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    assert f"| baseline {head} | 1 | False |" in text and "| this tree | 1 | False |" in text, text
+    assert "| unrolled | none |" in text and "| unrolled | checkpoint |" in text, text
+    assert "| False |" in text and "| True |" in text, text  # checkpointing off and on
+    worktrees = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True, cwd=ROOT).stdout
+    assert "ember_baseline_" not in worktrees  # the baseline worktree is removed again
