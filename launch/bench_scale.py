@@ -232,7 +232,8 @@ def loss_memory(args):
 
 
 def grad_paths(args):
-    r = _child(dict(what="grad_paths", config=args.config, overrides=_shape_overrides(args)))
+    overrides = {**_shape_overrides(args), **({"model.scan_layers": True} if args.scan else {})}
+    r = _child(dict(what="grad_paths", config=args.config, overrides=overrides))
     base = r["torch.func.grad"]["step_s"]
     rows = ["| gradient taken by | first call (s) | warm step (ms) | vs torch.func.grad | loss after 3 steps |",
             "|---|---:|---:|---:|---:|"]
@@ -240,7 +241,8 @@ def grad_paths(args):
         rows.append(f"| {path} | {m['first_call_s']:.1f} | {m['step_s'] * 1e3:.1f} | {_ratio(m['step_s'], base)} | "
                     f"{m['loss']:.6f} |")
         print(rows[-1], flush=True)
-    return (f"The compiled train step of `{args.config}` (Inductor, AdamW, state donated) traced with each "
+    return (f"The compiled train step of `{args.config}`{' with scan_layers' if args.scan else ''} (Inductor, AdamW, "
+            "state donated) traced with each "
             "gradient, both in one process, timed alternately (median of 5 rounds of 5 calls; the second "
             "first call finds a warmer compile cache):", rows)
 
@@ -331,7 +333,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, help="batch size override for --remat-memory / --scan-steady")
     p.add_argument("--seq", type=int, help="sequence length override for --remat-memory / --scan-steady")
     p.add_argument("--scan", action="store_true",
-                   help="also measure --compile-depth and --remat-memory with scan_layers=True")
+                   help="also measure --compile-depth and --remat-memory with scan_layers=True; --grad-paths with it only")
     p.add_argument("--remat", default="none", help="remat policy of the model in the compile-time rows")
     p.add_argument("--config", default="llama3_tiny", help="registered run config for compile times")
     p.add_argument("--backend", choices=["inductor", "xla"], default="inductor")
