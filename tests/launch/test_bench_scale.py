@@ -58,15 +58,15 @@ def test_overrides_become_the_flags_the_run_config_parses():
                     reason="the same script on both torch lines: its other sections' test covers the torch_xla line")
 def test_baseline_primitives_and_bridged_checkpointing_sections_report(tmp_path):
     md = tmp_path / "scale.md"
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "bench_scale.py"), "--baseline", "HEAD", "--compile-microbatches", "1",
+        [sys.executable, str(ROOT / "launch" / "bench_scale.py"), "--baseline", head, "--compile-microbatches", "1",
          "--torch-primitives", "unrolled-none,unrolled-checkpoint", "--bridged-checkpointing", "--hf-layers", "1",
          "--hf-hidden", "64", "--batch", "1", "--seq", "16", "--grad-paths", "--config", "llama3_tiny",
          "--markdown", str(md)],
         capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     text = md.read_text()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     assert f"| baseline {head} | 1 | False |" in text and "| this tree | 1 | False |" in text, text
     assert "| unrolled | none |" in text and "| unrolled | checkpoint |" in text, text
     assert "| False |" in text and "| True |" in text, text  # checkpointing off and on
