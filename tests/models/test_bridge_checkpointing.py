@@ -65,3 +65,25 @@ def test_a_checkpointed_hf_model_trains_compiled_like_eager():
     assert compiled == pytest.approx(eager, abs=1e-5)
     assert eager == pytest.approx(plain, abs=1e-5)
     assert eager[-1] < eager[0]
+
+
+def test_the_traced_step_recomputes_the_checkpointed_layers():
+    # What lowers the compiled step's memory (0.53x at 4 layers, BENCHMARKS.md "One compile path"):
+    # the backward in the traced graph runs each checkpointed layer's forward matmuls again.
+    from ember.core.compat.inductor import trace_and_compile
+    from ember.core.pytree import tree_flatten, tree_unflatten
+
+    def matmuls(checkpointing: bool) -> int:
+        model, params = _llama(checkpointing)
+        state = TrainState.create(params=params, tx=optim.adamw(1e-2), key=random.key(0))
+        leaves, spec = tree_flatten((state, torch.randint(0, 64, (4, 16))))
+        step = train_step(_loss_of(model))
+
+        def flat(*tensors):
+            return tuple(tree_flatten(step(*tree_unflatten(list(tensors), spec)))[0])
+
+        gm = trace_and_compile(flat, leaves)
+        return sum(n.target in (torch.ops.aten.mm.default, torch.ops.aten.bmm.default) for n in gm.graph.nodes)
+
+    plain, checkpointed = matmuls(False), matmuls(True)
+    assert checkpointed > plain, (plain, checkpointed)
