@@ -2,6 +2,7 @@
 
 - `EMBER_REQUIRE_XLA=1` (set by `make test` on Linux x86-64, hence in CI) turns any skipped test
   marked `xla` into a failure, so a missing torch_xla can never pass silently.
+- Tests marked `gpu` need a CUDA GPU: they skip without one (`make gpu-check` runs them).
 - ember's own warnings are errors.
 - Fixtures: `key` (a fresh RNG key), `tmp_out` (a run directory).
 """
@@ -20,6 +21,15 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 def pytest_configure(config: pytest.Config) -> None:
     warnings.filterwarnings("error", module=r"ember(\..*)?")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    if torch.cuda.is_available():
+        return
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(no_gpu)
 
 
 def _xla_required() -> bool:

@@ -42,7 +42,7 @@ def test_to_torch_keeps_floats_handles_readonly_and_moves_device():
         to_torch([np.zeros(2)])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs a CUDA GPU")
+@pytest.mark.gpu
 def test_to_torch_pins_when_cuda_is_present():
     t = to_torch(batch())
     assert t["inputs"].is_pinned()
