@@ -84,3 +84,20 @@ bench: install
 
 clean:
 	rm -rf $(VENV) $(VENV_XLA) $(VENV_MID) build *.egg-info .pytest_cache
+
+# The device check (launch/gpu_check.sh): `make gpu-wheels` here (network) fills the git-ignored .whl/
+# with what the GPU image lacks; `make gpu-check` there (no network) installs them from .whl/ into a
+# temp dir if the imports are missing, runs every stage within GPU_CHECK_BUDGET_S and writes the
+# report to $OUT (or /tmp/ember_gpu_check). GPU_PY: the GPU image's python, not .venv's.
+GPU_PY ?= python3
+GPU_WHEELS := grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 tyro==1.0.17 docstring_parser==0.18.0 \
+	typeguard==4.6.1 beartype==0.23.1
+.PHONY: gpu-check gpu-wheels
+
+gpu-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl $(GPU_WHEELS)
+
+gpu-check:
+	PY=$(GPU_PY) bash launch/gpu_check.sh

@@ -37,6 +37,10 @@ computing its new value; if that kernel reads the same donated leaf at *other* i
 moments are read at the same index, gradients come from kernels that finish before the update);
 for unusual state updates compare with `backend="eager"` once, or use `donate="none"`.
 
+CUDA graphs (`cuda_graph=True`, inductor on a CUDA GPU, opt-in): each compiled signature runs once,
+then is captured as one CUDA graph and replayed, one launch per step instead of one per kernel; the
+donated state keeps its addresses, so nothing is copied (`jit_backends/cuda_graph.py`).
+
 Example:
     >>> import torch
     >>> from ember.core.jit import jit
@@ -62,6 +66,7 @@ from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple, Unio
 from torch import Tensor
 
 from .jit_backends import EagerBackend, InductorBackend, XlaBackend
+from .jit_backends.cuda_graph import cuda_graph_refusal
 from .jit_backends.donation import donation_error, make_entry, short_repr
 from .pytree import tree_is_leaf, tree_leaves_with_path
 
@@ -161,16 +166,18 @@ class Jitted:
         backend: `"eager"`, `"inductor"` or `"xla"`.
         donate: `"none"` or `"state"`.
         static: `(argnums, argnames)` of the arguments that must hold no tensor (JAX's static arguments).
+        cuda_graph: whether each compiled signature is replayed as a CUDA graph.
     """
 
     def __init__(self, fn: Callable, *, backend: Backend, donate: Donate, mode: Optional[str],
                  options: Optional[Dict[str, Any]], deterministic: bool, tracer: Tracer,
-                 static: Tuple[Tuple[int, ...], Tuple[str, ...]] = ((), ())) -> None:
+                 static: Tuple[Tuple[int, ...], Tuple[str, ...]] = ((), ()), cuda_graph: bool = False) -> None:
         self.fn, self.backend, self.donate, self.static = fn, backend, donate, static
+        self.cuda_graph = cuda_graph
         entry = make_entry(fn, donate)
         if backend == "inductor":
             self._backend: Any = InductorBackend(entry, donate=donate, mode=mode, options=options,
-                                                 deterministic=deterministic, tracer=tracer)
+                                                 deterministic=deterministic, tracer=tracer, cuda_graph=cuda_graph)
         elif backend == "xla":
             self._backend = XlaBackend(entry)
         else:
@@ -190,7 +197,8 @@ class Jitted:
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
-        return f"Jitted({name}, backend={self.backend!r}, donate={self.donate!r})"
+        graphed = ", cuda_graph=True" if self.cuda_graph else ""
+        return f"Jitted({name}, backend={self.backend!r}, donate={self.donate!r}{graphed})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         state = args[0] if args else None
@@ -235,6 +243,7 @@ def jit(
     options: Optional[Dict[str, Any]] = None,
     deterministic: bool = True,
     tracer: Tracer = "make_fx",
+    cuda_graph: bool = False,
     static_argnums: Union[None, int, Sequence[int]] = None,
     static_argnames: Union[None, str, Sequence[str]] = None,
     donate_argnums: Union[None, int, Sequence[int]] = None,
@@ -256,6 +265,9 @@ def jit(
         tracer: inductor only: `"make_fx"` traces plain-tensor calls once per signature and hands
             the graph to Inductor (DTensor or grad-requiring inputs still go through Dynamo);
             `"dynamo"` sends every call through `torch.compile(fullgraph=True)`.
+        cuda_graph: inductor on a CUDA GPU only: run each compiled signature once, then capture it as
+            one CUDA graph and replay that (meant for a donated step; outputs other than the donated
+            state are copied out of the graph's memory each call). Off by default.
         static_argnums: JAX's spelling; the positional arguments that are static (Python values baked
             in, a new value compiles again; ember treats every non-tensor argument so): checked to hold
             no tensor.
@@ -269,7 +281,7 @@ def jit(
 
     Raises:
         ValueError: a choice is not valid, or Inductor-only arguments are given for another
-            backend, or both `mode` and `options` are given, or a static argument `fn` does not
+            backend, or both `mode` and `options` are given, or `cuda_graph=True` without a CUDA GPU, or a static argument `fn` does not
             have, or a donated argument other than the first.
         TypeError: `fn` is not callable or is already a `Jitted` (at a call: a static argument
             holds a tensor).
@@ -292,6 +304,11 @@ def jit(
                                 ("tracer", tracer, _TRACERS)):
         if value not in choices:
             raise _choice_error(arg, value, choices)
+    if not isinstance(cuda_graph, bool):
+        raise TypeError(f"jit(cuda_graph=...) takes True or False, got {cuda_graph!r}.")
+    refusal = cuda_graph_refusal(backend, tracer, mode, options) if cuda_graph else None
+    if refusal:
+        raise ValueError(refusal)
     inductor_only = {"mode": mode, "options": options, "deterministic": deterministic is not True,
                      "tracer": tracer != "make_fx"}
     given = [k for k, v in inductor_only.items() if v is not None and v is not False]
@@ -307,7 +324,8 @@ def jit(
         )
     if fn is None:
         return functools.partial(jit, backend=backend, donate=donate, mode=mode, options=options,
-                                 deterministic=deterministic, tracer=tracer, static_argnums=static_argnums,
+                                 deterministic=deterministic, tracer=tracer, cuda_graph=cuda_graph,
+                                 static_argnums=static_argnums,
                                  static_argnames=static_argnames, donate_argnums=donate_argnums,
                                  donate_argnames=donate_argnames)
     if isinstance(fn, Jitted):
@@ -322,4 +340,4 @@ def jit(
         raise ValueError("jit(donate='state') donates the first argument, which static_argnums marks static (a "
                          "Python value, not a tensor state); drop 0 from static_argnums or the donation.")
     return Jitted(fn, backend=backend, donate=donate, mode=mode, options=options,
-                  deterministic=deterministic, tracer=tracer, static=static)
+                  deterministic=deterministic, tracer=tracer, static=static, cuda_graph=cuda_graph)

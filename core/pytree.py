@@ -2,7 +2,8 @@
 
 Public names: `dataclass`, `field`, `tree_map`, `tree_map_with_path`, `tree_leaves`,
 `tree_flatten`, `tree_unflatten`, `tree_structure`, `tree_flatten_with_path`, `tree_paths`,
-`tree_leaves_with_path`, `keystr`, `is_pytree_node`, `check_same_structure`.
+`tree_leaves_with_path`, `keystr`, `is_pytree_node`, `check_same_structure`, `tree_reduce`, `tree_all`
+(the last two as in `jax.tree_util`).
 
 A `@ember.core.pytree.dataclass` is a frozen dataclass registered as a pytree node: tensor fields
 are leaves (children), fields declared with `field(static=True)` travel in the tree's context and
@@ -25,8 +26,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
-from typing import Any, Callable, Iterable, List, Tuple, TypeVar
+from typing import Any, Callable, Iterable, List, Optional, Tuple, TypeVar
 
 import torch
 
@@ -41,6 +43,7 @@ __all__ = [
     "field",
     "is_pytree_node",
     "keystr",
+    "tree_all",
     "tree_flatten",
     "tree_flatten_with_path",
     "tree_is_leaf",
@@ -49,6 +52,7 @@ __all__ = [
     "tree_map",
     "tree_map_with_path",
     "tree_paths",
+    "tree_reduce",
     "tree_structure",
     "tree_unflatten",
 ]
@@ -186,6 +190,56 @@ def tree_map_with_path(fn: Callable[[str, Any], Any], tree: PyTree, *rest: PyTre
     others = [spec.flatten_up_to(r) for r in rest]
     out = [fn(keystr(path), leaf, *(o[i] for o in others)) for i, (path, leaf) in enumerate(leaves)]
     return tree_unflatten(out, spec)
+
+
+class _NoInitializer:
+    def __repr__(self) -> str:
+        return "<no initializer>"
+
+
+_NO_INITIALIZER: Any = _NoInitializer()
+
+
+def _jax_leaves(tree: PyTree, is_leaf: Optional[Callable[[Any], bool]]) -> List[Any]:
+    """The leaves JAX sees: torch's pytree keeps None as a leaf, JAX treats it as an empty subtree."""
+    return [leaf for leaf in _pytree.tree_leaves(tree, is_leaf=is_leaf) if leaf is not None]
+
+
+def tree_reduce(
+    function: Callable[[T, Any], T],
+    tree: PyTree,
+    initializer: Any = _NO_INITIALIZER,
+    is_leaf: Optional[Callable[[Any], bool]] = None,
+) -> T:
+    """`functools.reduce(function, leaves, initializer)` over the leaves (`jax.tree_util.tree_reduce`).
+
+    None is an empty subtree, as in JAX. On tensor leaves, reduce with tensor ops (`torch.add`,
+    `torch.maximum`) to stay traceable; a Python `max` or `and` would read the values (a host sync).
+
+    Example:
+        >>> tree_reduce(lambda acc, x: acc + x, {"a": 1, "b": [2, 3], "c": None}, 10)
+        16
+    """
+    leaves = _jax_leaves(tree, is_leaf)
+    if initializer is _NO_INITIALIZER:
+        if not leaves:
+            raise TypeError("tree_reduce of a tree with no leaves needs an initializer, e.g. tree_reduce(fn, tree, 0).")
+        return functools.reduce(function, leaves)
+    return functools.reduce(function, leaves, initializer)
+
+
+def tree_all(tree: PyTree, *, is_leaf: Optional[Callable[[Any], bool]] = None) -> bool:
+    """True if every leaf is truthy (`jax.tree_util.tree_all`); a tree with no leaves is True.
+
+    Meant for trees of Python values (masks, flags). A tensor leaf is read with `bool()`, a host
+    sync that only a one-element tensor allows; inside a step use tensor reductions instead
+    (`ember.core.tree_math.tree_all_finite`, `torch.stack([...]).all()`).
+
+    Example:
+        >>> tree_all({"w": True, "b": [True, None]}), tree_all({"w": True, "b": False})
+        (True, False)
+    """
+    return all(_jax_leaves(tree, is_leaf))
 
 
 def is_pytree_node(obj: Any) -> bool:

@@ -1,7 +1,7 @@
 """Counter-based random keys, JAX-style, built from int64 tensor ops so they trace everywhere.
 
-Public names: `key`, `split`, `fold_in`, `bits`, `uniform`, `normal`, `bernoulli`, `dropout`,
-`randint`, `permutation`.
+Public names: `key`, `PRNGKey` (JAX's legacy name of `key`), `split`, `fold_in`, `bits`, `uniform`,
+`normal`, `gumbel`, `bernoulli`, `categorical`, `dropout`, `randint`, `permutation`.
 
 A key is a 0-d int64 tensor. Every random function is a pure function of its key: the same key
 gives the same numbers eagerly, under `torch.compile(fullgraph=True)` and under torch_xla (on the
@@ -36,10 +36,13 @@ from torch import Tensor
 from .types import Key
 
 __all__ = [
+    "PRNGKey",
     "bernoulli",
     "bits",
+    "categorical",
     "dropout",
     "fold_in",
+    "gumbel",
     "key",
     "normal",
     "permutation",
@@ -97,6 +100,11 @@ def key(seed: Union[int, Tensor], *, device: Optional[torch.device | str] = None
     if isinstance(seed, Tensor):
         return _mix(seed.to(torch.int64) + _GOLDEN)
     return _mix(torch.tensor(seed, dtype=torch.int64, device=device) + _GOLDEN)
+
+
+def PRNGKey(seed: Union[int, Tensor], *, device: Optional[torch.device | str] = None) -> Key:  # noqa: N802
+    """JAX's legacy name of `key`: the same key, `PRNGKey(0)` equals `key(0)`."""
+    return key(seed, device=device)
 
 
 def split(k: Key, num: int = 2) -> Tensor:
@@ -169,21 +177,106 @@ def normal(k: Key, shape: Sequence[int] = (), *, dtype: torch.dtype = torch.floa
     return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(work).to(dtype)
 
 
+def gumbel(k: Key, shape: Sequence[int] = (), *, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Standard Gumbel samples, `-log(-log(u))` with u in the open (0, 1) (23 random bits; 52 for float64)."""
+    b = bits(k, shape)
+    if dtype == torch.float64:
+        u = (_srl(b, 12).to(torch.float64) + 0.5) * (2.0**-52)
+    else:
+        u = (_srl(b, 41).to(torch.float32) + 0.5) * (2.0**-23)
+    return (-torch.log(-torch.log(u))).to(dtype)
+
+
 def bernoulli(k: Key, p: Union[float, Tensor], shape: Sequence[int] = ()) -> Tensor:
     """Boolean samples, True with probability `p`."""
     return uniform(k, shape) < p
 
 
-def randint(k: Key, shape: Sequence[int], low: int, high: int) -> Tensor:
-    """Integers in `[low, high)` (slightly biased for huge ranges; fine below 2**31)."""
-    if high <= low:
-        raise ValueError(f"randint needs low < high, got low={low}, high={high}.")
-    return _srl(bits(k, shape), 1) % (high - low) + low
+def randint(
+    k: Key, shape: Sequence[int], minval: Union[int, Tensor], maxval: Union[int, Tensor], *,
+    dtype: torch.dtype = torch.int64,
+) -> Tensor:
+    """Integers in `[minval, maxval)` (JAX's argument names; slightly biased for ranges near 2**62).
+
+    `minval` / `maxval` are ints or integer tensors that broadcast against `shape`. The result is
+    int64 by default (torch's index dtype; JAX's default is int32).
+    """
+    if not isinstance(minval, Tensor) and not isinstance(maxval, Tensor) and maxval <= minval:
+        raise ValueError(f"randint needs minval < maxval, got minval={minval}, maxval={maxval}.")
+    return (_srl(bits(k, shape), 1) % (maxval - minval) + minval).to(dtype)
 
 
 def permutation(k: Key, n: int) -> Tensor:
     """A random permutation of `range(n)` (argsort of random bits)."""
     return torch.argsort(_srl(bits(k, (n,)), 1))
+
+
+def _broadcast(a: tuple, b: tuple) -> Optional[tuple]:
+    """The broadcast of two shapes, or None if they do not broadcast."""
+    try:
+        return tuple(torch.broadcast_shapes(a, b))
+    except RuntimeError:
+        return None
+
+
+def categorical(
+    k: Key, logits: Tensor, axis: int = -1, shape: Optional[Sequence[int]] = None, replace: bool = True,
+) -> Tensor:
+    """Sample category indices from unnormalised log-probabilities (`jax.random.categorical`).
+
+    The Gumbel-max trick, `argmax(logits + gumbel)` along `axis`, drawn on `logits`' device (the
+    key is moved there), so it traces whole and never syncs with the host. `-inf` logits are never
+    drawn. Noise is float32 (float64 for float64 logits), whatever the logits' dtype.
+
+    Args:
+        k: the key.
+        logits: `(..., n_categories, ...)` unnormalised log-probabilities along `axis`.
+        axis: the categories axis of `logits`.
+        shape: the result shape; default `logits.shape` without `axis`. A longer shape draws
+            independent samples for its leading dims (it must end with that batch shape).
+        replace: draw with replacement (default). False draws `prod(leading dims of shape)`
+            distinct categories per batch element (Gumbel top-k).
+
+    Returns:
+        int64 indices of `shape` (JAX returns int32).
+
+    Raises:
+        ValueError: `shape` does not end with `logits`' batch shape, or `replace=False` asks for
+            more samples than there are categories.
+
+    Example:
+        >>> import torch
+        >>> from ember.core import random
+        >>> logits = torch.tensor([[0.0, float("-inf")], [float("-inf"), 0.0]])
+        >>> random.categorical(random.key(0), logits).tolist()
+        [0, 1]
+    """
+    _check_key(k, "categorical")
+    axis = axis % logits.dim()
+    batch = tuple(logits.shape[:axis]) + tuple(logits.shape[axis + 1:])
+    shape = batch if shape is None else tuple(int(d) for d in shape)
+    if len(shape) < len(batch) or _broadcast(shape, batch) != shape:
+        raise ValueError(
+            f"categorical(shape={shape}) must end with a shape the logits' batch shape {batch} broadcasts "
+            f"to (logits {tuple(logits.shape)} without axis {axis}); pass shape=(n_samples, *{batch}) or None."
+        )
+    prefix = shape[: len(shape) - len(batch)]
+    noise_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    k = k.to(logits.device)
+    if replace:
+        drawn = list(shape[len(prefix):])
+        drawn.insert(axis, logits.shape[axis])  # (*prefix, *batch with the categories axis back)
+        noise = gumbel(k, (*prefix, *drawn), dtype=noise_dtype)
+        return torch.argmax(noise + logits.to(noise_dtype), dim=len(prefix) + axis)
+    if shape[len(prefix):] != batch:
+        raise ValueError(f"categorical(replace=False, shape={shape}) must end with the logits' batch shape {batch}.")
+    n = math.prod(prefix)
+    if n > logits.shape[axis]:
+        raise ValueError(f"categorical(replace=False) draws {n} distinct samples (shape {shape}), more than the "
+                         f"{logits.shape[axis]} categories along axis {axis}; draw fewer or pass replace=True.")
+    perturbed = (gumbel(k, tuple(logits.shape), dtype=noise_dtype) + logits.to(noise_dtype)).movedim(axis, -1)
+    indices = torch.topk(perturbed, n, dim=-1).indices  # (*batch, n)
+    return indices.movedim(-1, 0).reshape(shape)
 
 
 def dropout(k: Key, x: Tensor, rate: float, *, deterministic: bool = False) -> Tensor:

@@ -3,7 +3,8 @@
 Public names: `scan`, `stack_trees`, `unstack_trees` (also exported from `ember.core.transforms`).
 
 `scan(f, init, xs)` is `jax.lax.scan`: it threads a carry through `f(carry, x) -> (carry, y)`
-for each slice `x` of `xs` along dim 0 and stacks the `y`s. The typical use is a stack of
+for each slice `x` of `xs` along dim 0 and stacks the `y`s (`reverse=True` walks from the end and
+still stacks `ys[i]` from `xs[i]`, as JAX does). The typical use is a stack of
 identical layers whose parameters are stored stacked (`stack_trees(per_layer_params)`, each leaf
 with a leading `n_layers` dim), applied by scanning the block over them.
 
@@ -29,7 +30,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -107,7 +108,8 @@ def scan(
     xs: PyTree,
     *,
     length: Optional[int] = None,
-    unroll: bool = True,
+    reverse: bool = False,
+    unroll: Union[int, bool] = 1,
 ) -> Tuple[PyTree, PyTree]:
     """Loop `f(carry, x) -> (carry, y)` over dim 0 of `xs`; return the final carry and stacked ys.
 
@@ -127,7 +129,12 @@ def scan(
         xs: a pytree whose tensor leaves share a leading dim of size `length` (None leaves are
             passed to `f` as None), or None.
         length: number of steps; required when `xs` has no leaves, else must match.
-        unroll: must be True: the loop is unrolled (for a rolled loop of layers, use `remat_scan`).
+        reverse: run from the last slice to the first; `ys` stay in the order of `xs`
+            (`ys[i]` comes from `xs[i]`), as in `jax.lax.scan`.
+        unroll: JAX's loop-unrolling hint (a bool or an int >= 0; JAX's default is 1). It never
+            changes the results, and ember accepts every value JAX does: this scan is a Python
+            loop, so a traced graph always holds every step, as with JAX's `unroll=True`. For a
+            rolled loop of layers, use `remat_scan`.
 
     Returns:
         `(carry, ys)`: the final carry and the `y`s stacked along a new dim 0 (None if `f`
@@ -137,7 +144,7 @@ def scan(
         TypeError: a leaf of `xs` is not a tensor.
         ValueError: leading dims differ (the message names both leaves), `length` disagrees with
             `xs` or is missing, `length` is 0, the carry changes structure, shape or dtype, or
-            `unroll` is not True.
+            `unroll` is a negative int.
 
     Example:
         >>> import torch
@@ -147,12 +154,14 @@ def scan(
         >>> h.tolist()
         [[0.0, 0.0]]
     """
-    if unroll is not True:
-        raise ValueError(
-            f"scan(unroll={unroll!r}) is not supported: ember's scan always unrolls (torch's rolled scan "
-            "keeps every step's intermediates for its backward, and its gradients are wrong on torch 2.9). "
-            "Pass unroll=True, or use remat_scan for a rolled loop of layers."
+    if not isinstance(unroll, (bool, int)):
+        raise TypeError(
+            f"scan(unroll=...) must be a bool or an int >= 0 (JAX's hint), got {type(unroll).__name__} {unroll!r}."
         )
+    if unroll < 0:
+        raise ValueError(f"scan(unroll={unroll}) must be a bool or an int >= 0, as in jax.lax.scan.")
+    if not isinstance(reverse, bool):
+        raise TypeError(f"scan(reverse=...) must be a bool, got {type(reverse).__name__} {reverse!r}.")
     n = _leading_dim(xs, what="xs")
     if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
         raise TypeError(f"length must be an int or None, got {length!r}.")
@@ -169,11 +178,12 @@ def scan(
         )
     init_sig = _signature(init)
     slices = _unstack(xs, n)
-    carry, ys = init, []
-    for i, x in enumerate(slices):
-        carry, y = f(carry, x)
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    carry, ys = init, [None] * n
+    for i in order:
+        carry, y = f(carry, slices[i])
         _check_carry(init_sig, carry, i)
-        ys.append(y)
+        ys[i] = y
     if all(y is None for y in ys):
         return carry, None
     return carry, stack_trees(ys, what="scan ys")

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from . import pytree
-from .protocols import GradientTransformation
+from .protocols import GradientTransformation, check_gradient_transformation
 from .random import key as make_key
 from .tree_math import apply_updates
 from .types import Key, OptState, Params, Updates
@@ -76,6 +76,7 @@ class TrainState:
         **kwargs: Any,
     ) -> "TrainState":
         """A state at step 0 with `opt_state = tx.init(params)`; extra fields go in `**kwargs`."""
+        check_gradient_transformation(tx, where="TrainState.create(tx=...)")
         if not isinstance(tx, GradientTransformation):
             raise TypeError(_MSG_NOT_A_TRANSFORMATION.format(got=tx))
         leaves = pytree.tree_leaves(params)

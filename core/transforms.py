@@ -288,6 +288,12 @@ class _NotGiven:
 
 _NOT_GIVEN: Any = _NotGiven()
 
+_MSG_AXIS_NAME = (
+    "vmap({arg}={value!r}) names the mapped axis for collectives (jax.lax.psum / pmean / all_gather "
+    "inside fn), which ember's vmap does not have; drop {arg} and reduce the mapped dim of the output "
+    "after vmap instead (e.g. `vmap(fn)(xs).mean(0)`)."
+)
+
 
 def _alias(name: str, value: Any, default: Any, jax_name: str, jax_value: Any) -> Any:
     """`value`, or `jax_value` when the JAX spelling was given (a top-level list becomes a tuple, as JAX reads it)."""
@@ -308,6 +314,8 @@ def vmap(
     chunk_size: Optional[int] = None,
     in_axes: Union[int, None, Sequence[Any]] = _NOT_GIVEN,
     out_axes: Union[int, None, Sequence[Any]] = _NOT_GIVEN,
+    axis_name: Any = None,
+    spmd_axis_name: Any = None,
 ) -> Callable:
     """Vectorise `fn` over a dimension of its inputs (`torch.func.vmap`).
 
@@ -325,6 +333,9 @@ def vmap(
         chunk_size: map this many elements at a time to bound memory (`None`: all at once).
         in_axes: JAX's name for `in_dims` (give one of the two).
         out_axes: JAX's name for `out_dims` (give one of the two).
+        axis_name: must be None. JAX names the mapped axis for collectives inside `fn`
+            (`lax.psum(x, "batch")`); ember's vmap has none, so a name would mean nothing.
+        spmd_axis_name: must be None (JAX's sharding of the mapped axis; ember shards by rules).
 
     Returns:
         The vectorised function.
@@ -332,6 +343,7 @@ def vmap(
     Raises:
         ValueError: `randomness` is not one of the choices, `chunk_size` is not positive, or both
             spellings of one argument are given.
+        TypeError: `axis_name` or `spmd_axis_name` is given.
 
     Example:
         >>> import torch
@@ -340,6 +352,9 @@ def vmap(
         >>> per_example(torch.zeros(2), torch.tensor([[1.0, 2.0], [3.0, 4.0]])).tolist()
         [[1.0, 2.0], [3.0, 4.0]]
     """
+    for jax_arg, value in (("axis_name", axis_name), ("spmd_axis_name", spmd_axis_name)):
+        if value is not None:
+            raise TypeError(_MSG_AXIS_NAME.format(arg=jax_arg, value=value))
     in_dims = _alias("in_dims", in_dims, 0, "in_axes", in_axes)
     out_dims = _alias("out_dims", out_dims, 0, "out_axes", out_axes)
     choices = get_args(Randomness)

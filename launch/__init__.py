@@ -4,7 +4,7 @@ Public names: `TrainConfig`, `register_config`, `get_config`, `list_configs`, `p
 `to_dict`, `train_loop`, `evaluate`, `MetricsWriter`, `read_metrics`, `plot_losses`,
 `retain_freed_host_memory`, and the modules `build` (model, tokenizer, state and steps of a run
 config), `checkpointing`, `sharded`, `cli`, `presets` (the built-in run configs), `report`,
-`run_dir` (one process per `--out`), `interrupt` (Ctrl-C / SIGTERM end a run after its step),
+`run_dir` (one process per `--out`), `precision` (compute dtype, TF32, CUDA graph of a run), `interrupt` (Ctrl-C / SIGTERM end a run after its step),
 `spmd_run` (the torch_xla run of `tpu_pod.py`), and the package `benchmark` (what `bench.py` measures).
 
 The entry points are scripts in this folder: `train.py`, `tpu_pod.py`, `bench.py`, `ckpt.py`,
@@ -15,6 +15,7 @@ Nothing else in ember imports `launch`.
 from . import build as build
 from . import checkpointing as checkpointing
 from . import cli as cli
+from . import precision as precision
 from . import presets as presets
 from . import report as report
 from . import sharded as sharded
@@ -42,6 +43,7 @@ __all__ = [
     "list_configs",
     "parse_cli",
     "plot_losses",
+    "precision",
     "presets",
     "read_metrics",
     "register_config",

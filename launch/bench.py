@@ -9,7 +9,10 @@ Variants (same weights, batch and AdamW hyperparameters, constant lr, clipping a
 round-robin in one process after warm-up: `ember_inductor_donated`, `ember_eager`, `torch_compiled`
 (baseline: `torch.compile(module)` + `torch.optim.AdamW`), `torch_eager`, `jax` (jax.jit + optax);
 on a GPU also `ember_inductor_bf16`, `torch_compiled_bf16`. Optional: `ember_inductor` (no
-donation), `torch_compiled_foreach`, `ember_xla` (torch_xla on a virtual CPU device, own process).
+donation), `torch_compiled_foreach`, `ember_xla` (torch_xla on a virtual CPU device, own process),
+`ember_inductor_cudagraph` / `ember_inductor_bf16_cudagraph` (the donated step replayed as one CUDA
+graph; a GPU only). Each row's MFU is against the measured matmul peak of its own dtype (float32 rows:
+float32, TF32 on CUDA unless `--tf32 False`; bf16 rows: bf16), named in the JSON row (`peak_dtype`).
 `--memory` measures transient memory at peak in a fresh process per variant. Any config field is
 a dotted override (`--model.n_layers 1`). Reusable pieces live in `ember.launch.benchmark`.
 """
@@ -72,11 +75,14 @@ def main(argv=None):
             torch.set_num_threads(args.threads)
 
         from ember.launch.benchmark import CHILD_TAG, build_setup, first_call_child, memory_child, run, xla_child
+        from ember.launch.precision import set_matmul_precision
         from ember.launch.run_config import parse_cli
+        from ember.models.layers.attention_kernel import attention_kernel_report
 
         cfg = parse_cli(args.config, overrides, description=__doc__)
         on_gpu = torch.cuda.is_available() and args.child != "xla"
         s = build_setup(cfg, device=torch.device("cuda" if on_gpu else "cpu"), init=args.init)
+        set_matmul_precision(cfg.tf32, s.device)  # float32 rows run (and their peak is measured) as --tf32 says
         if args.child:
             kind, _, name = args.child.partition(":")
             steps = args.xla_steps or (5 if args.quick else 50)
@@ -88,6 +94,8 @@ def main(argv=None):
                 out = xla_child(s, steps=steps)
             print(CHILD_TAG + json.dumps(out), flush=True)
             return out
+        for dtype in (None, torch.bfloat16) if on_gpu else (None,):  # the SDPA kernel the step's attention runs
+            print(attention_kernel_report(s.model, s.params, seq_len=cfg.data.seq_len, device=s.device, dtype=dtype))
         return run(args, argv, s)
     finally:
         if fresh:

@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     timed = time_round_robin(vs, warmup=args.warmup, iters=args.iters)
     tokens = run_cfg.data.batch_size * run_cfg.data.seq_len
     dense_s = percentile(timed[vs[0].name]["times"], 0.5)
-    peak = matmul_peak(device) if device.type == "cuda" else None
+    peak = matmul_peak(device, dtype=dtype) if device.type == "cuda" else None  # the peak of the dtype it runs in
     command = f"python launch/bench_moe.py --config {args.config} --dtype {args.dtype}"
     lines = [f"torch {torch.__version__}, {device.type}, {args.dtype}, {tokens} tokens per step, median of "
              f"{args.iters} round-robin steps (`{command}`)",

@@ -13,12 +13,14 @@ from typing import Any, Callable, Optional
 import torch
 
 from ember import data, models, optim
-from ember.core import TrainState, pytree, random, to_device
+from ember.core import TrainState, device_for, pytree, random, to_device
 from ember.core.step_fns import eval_step, train_step
 from ember.launch.checkpointing import already_finished
 from ember.launch.init_from import check_init_from, load_initial_params
 from ember.launch.loop import evaluate
+from ember.launch.precision import resolve_compute_dtype
 from ember.launch.run_config import TrainConfig
+from ember.models.lora import lora_mask
 from ember.optim.config import from_config
 
 __all__ = ["build_model", "build_tokenizer", "check_backend", "compute_dtype", "eval_fn", "evaluator", "initial_state",
@@ -54,9 +56,12 @@ def preflight(cfg: TrainConfig, args: Any, *, main: bool) -> bool:
 
 
 def build_model(cfg: TrainConfig) -> Any:
-    """The model of `cfg.family` with `cfg.model`, checked against the data's sequence length."""
+    """The model of `cfg.family` with `cfg.model`, checked against the data's sequence length; with
+    `--lora.rank R` it carries LoRA adapters (`ember.models.lora.LoRAModel`, the base frozen)."""
     model = models.build_model(cfg.family, cfg.model)
     models.check_lm_data(model, seq_len=cfg.data.seq_len)
+    if cfg.lora.rank:
+        model = models.to_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, targets=cfg.lora.pattern())
     return model
 
 
@@ -69,14 +74,20 @@ def build_tokenizer(cfg: TrainConfig, model: Any) -> data.Tokenizer:
 
 def initial_state(cfg: TrainConfig, model: Any, device: Any = "cpu") -> TrainState:
     """Parameters from `key(cfg.seed)` (or `cfg.init_from`), the optimizer of `cfg.optim`, the step key
-    `fold_in(key(seed), 1)`."""
+    `fold_in(key(seed), 1)`. A LoRA model's base params come the same way, its adapters from
+    `fold_in(key(seed), 2)`, and the optimizer updates the adapters only."""
+    lora = isinstance(model, models.LoRAModel)
+    base = model.base if lora else model
     if cfg.init_from:
         from ember.core.checkpoint import model_info
 
-        params = load_initial_params(cfg.init_from, model, model_info=model_info(cfg.family, cfg.model), device=device)
+        params = load_initial_params(cfg.init_from, base, model_info=model_info(cfg.family, cfg.model), device=device)
     else:
-        params = to_device(model.init(random.key(cfg.seed)), device)
+        params = to_device(base.init(random.key(cfg.seed)), device)
     tx = from_config(cfg.optim, total_steps=cfg.steps)
+    if lora:
+        params = model.init_from(params, key=random.fold_in(random.key(cfg.seed, device=device), 2))
+        tx = optim.masked(tx, lora_mask(params))  # the base is frozen: its updates pass through as zeros
     if any(pytree.tree_leaves(optim.expert_bias_mask(params))):
         # the routers' expert biases move by their load, never by the optimizer (ember.optim.balance_experts)
         tx = optim.balance_experts(tx, getattr(cfg.model, "expert_bias_update_rate", 0.0))
@@ -84,8 +95,10 @@ def initial_state(cfg: TrainConfig, model: Any, device: Any = "cpu") -> TrainSta
 
 
 def compute_dtype(cfg: TrainConfig) -> Optional[torch.dtype]:
-    """None for float32 (no casting), else the torch dtype named by `cfg.compute_dtype`."""
-    return None if cfg.compute_dtype == "float32" else getattr(torch, cfg.compute_dtype)
+    """None for float32 (no casting), else the torch dtype `cfg.compute_dtype` means on the run's device
+    ("auto": bfloat16 on a CUDA GPU that supports it; float32 on the CPU and torch_xla)."""
+    device = torch.device("xla") if cfg.backend == "xla" else device_for(cfg.backend)
+    return resolve_compute_dtype(cfg.compute_dtype, device)
 
 
 def step_fn(cfg: TrainConfig, model: Any) -> Callable:

@@ -10,17 +10,18 @@ that fails (or whose files cannot be read) `DAMAGED: <why>`, names the newest in
 from and exits 1; `--no-verify` reads the metadata only. A save a killed process never committed
 (`N.orbax-checkpoint-tmp-*/`) is listed `UNFINISHED`, left in place (the next training run on the
 directory removes it and says so). `export` reads only the parameters (no
-optimizer state), on the CPU, and writes files with the mode your umask gives. `--hf` writes
-`config.json` + `model.safetensors` loadable by `transformers.AutoModelForCausalLM.from_pretrained`
-(GPT-2 and Llama-3).
+optimizer state), on the CPU, and writes files with the mode your umask gives; it replaces no file
+without `--overwrite`. `--hf` writes `config.json` + `model.safetensors` loadable by
+`transformers.AutoModelForCausalLM.from_pretrained` (any native family; a LoRA run's adapters merged in),
+plus the tokenizer files and chat template of the Hugging Face folder the run read its tokenizer from.
 """
 
 import argparse
-import json
 import sys
 
 from ember.launch.cli import run_main
-from ember.launch.ckpt_tools import HEADER, checkpoint_root, listing_rows, missing_step_message, model_config_from_dict
+from ember.launch.ckpt_export import export
+from ember.launch.ckpt_tools import HEADER, checkpoint_root, listing_rows
 
 
 def list_checkpoints(directory, *, verify=True, out=None):
@@ -41,39 +42,6 @@ def list_checkpoints(directory, *, verify=True, out=None):
     return problems
 
 
-def export(directory, *, step=None, out, hf=False):
-    import torch
-    from ember.core import random
-    from ember.core.checkpoint import CheckpointError, CheckpointManager
-    from ember.models.hf import save_safetensors
-
-    root = checkpoint_root(directory)
-    with CheckpointManager(root, read_only=True) as ckpt:
-        steps = ckpt.all_steps()
-        if step is not None and steps and step not in steps:
-            raise CheckpointError(missing_step_message(str(ckpt.directory), step, steps))
-        meta = ckpt.read_meta(step)
-        if not hf:
-            params = ckpt.restore_params(meta.step)
-            seen, tensors = set(), {}
-            for name, t in params.items():  # safetensors refuses two names for one tensor (tied weights)
-                tensors[name] = t.clone() if id(t) in seen else t
-                seen.add(id(t))
-            header = {"step": str(meta.step), "model": json.dumps(meta.model), "format": "ember-params"}
-            save_safetensors(tensors, out, metadata=header)
-            return out
-        from ember.models import build_model, to_hf
-
-        if not meta.model or not meta.model.get("config"):
-            raise ValueError(f"step {meta.step} records no model config, so --hf cannot rebuild the model; "
-                             f"export plain safetensors (drop --hf) instead.")
-        model = build_model(meta.model["family"], model_config_from_dict(meta.model["config"]))
-        with torch.device("meta"):
-            like = model.init(random.key(0))  # shapes only: no memory, no init cost
-        to_hf(model, ckpt.restore_params(meta.step, like=like, model_info=meta.model), out)
-        return out
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -86,11 +54,12 @@ def main(argv=None):
     e.add_argument("directory", help=where)
     e.add_argument("--step", type=int, default=None, help="the step to export (default: the latest)")
     e.add_argument("--out", required=True, help="output .safetensors file (a folder with --hf)")
-    e.add_argument("--hf", action="store_true", help="write a Hugging Face folder (GPT-2 / Llama-3)")
+    e.add_argument("--hf", action="store_true", help="write a Hugging Face folder (with the run's tokenizer files)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --out file (or the folder's files)")
     args = p.parse_args(argv)
     if args.cmd == "list":
         return 1 if any(list_checkpoints(args.directory, verify=args.verify).values()) else 0
-    path = export(args.directory, step=args.step, out=args.out, hf=args.hf)
+    path = export(args.directory, step=args.step, out=args.out, hf=args.hf, overwrite=args.overwrite)
     print(f"wrote {path}")
     return path
 

@@ -3,6 +3,7 @@
     root = checkpoint_root("runs/default")            # runs/default/checkpoints
     row, problems = step_row(ckpt, 200, verify=True)  # problems: empty when the step is intact
     hint = recovery_hint(root, {100: [], 200: problems})
+    adapted = lora_of_run(model, meta.config)          # the LoRAModel a `--lora.rank R` run trained, or None
     unfinished_saves(root)                            # [(300, "300.orbax-checkpoint-tmp-1712345678")]
 """
 
@@ -16,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ember.core.checkpoint import TMP_MARKER, CheckpointError, disk_bytes, temporary_dirs
 from ember.launch.checkpointing import CHECKPOINTS_DIR
 
-__all__ = ["HEADER", "checkpoint_root", "listing_rows", "missing_step_message", "model_config_from_dict",
+__all__ = ["HEADER", "checkpoint_root", "listing_rows", "lora_of_run", "missing_step_message", "model_config_from_dict",
            "recovery_hint", "step_row", "unfinished_saves"]
 
 HEADER = f"{'step':>8}  {'saved (UTC)':<25} {'model':<22} {'params':>10} {'size MB':>9}  metrics"
@@ -164,3 +165,15 @@ def model_config_from_dict(d: Dict[str, Any]) -> Any:
             v = sub(**{k: x for k, x in v.items() if k != "__type__"})
         kw[f.name] = v
     return cls(**kw)
+
+
+def lora_of_run(model: Any, config: Optional[Mapping[str, Any]]) -> Any:
+    """The `LoRAModel` over `model` that a run with saved run config `config` trained (`--lora.rank R`), or
+    None for a run without LoRA: its checkpoints hold `{"base": ..., "lora": ...}` params."""
+    from ember.models.lora import LoRAConfig, to_lora
+
+    lora = (config or {}).get("lora") or {}
+    if not lora.get("rank"):
+        return None
+    cfg = LoRAConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in lora.items() if k != "__type__"})
+    return to_lora(model, rank=cfg.rank, alpha=cfg.alpha, targets=cfg.pattern())

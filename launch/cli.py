@@ -21,8 +21,10 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
+from ember.core.partition_specs import MESH_ORDER
 from ember.data import source_from_path
 from ember.launch.interrupt import RunInterrupted
+from ember.launch.quiet import quiet_known_noise
 from ember.launch.run_config import TrainConfig, describe_configs, parse_cli
 
 __all__ = ["USER_ERRORS", "launcher_parser", "read_config", "run_main"]
@@ -38,7 +40,8 @@ def launcher_parser() -> argparse.ArgumentParser:
     p.add_argument("--list-configs", action="store_true", help="list the registered run configs and exit")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="PKG",
                    help="import PKG first: it registers its own families, configs, collators (repeatable)")
-    p.add_argument("--mesh", default=None, metavar="AXES", help="device mesh, e.g. dp=2,tp=2 (axes dp, fsdp, tp)")
+    p.add_argument("--mesh", default=None, metavar="AXES",
+                   help=f"device mesh, e.g. dp=2,tp=2 (axes {', '.join(MESH_ORDER)}; sizes multiply to the device count)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under --out")
     p.add_argument("--resume_step", "--resume-step", type=int, default=None, metavar="N",
                    help="continue from checkpoint step N (e.g. when the latest is damaged); later steps are set aside")
@@ -67,7 +70,17 @@ def read_config(args: argparse.Namespace, overrides: Sequence[str], *, descripti
         flags = (parser or launcher_parser()).format_help().strip()
         description = f"{description}\nLauncher {flags}\n\nRun configs (--config NAME):\n{_configs_text()}\n"
     cfg = parse_cli(args.config, overrides, description=description)
+    _check_source_and_path(cfg, overrides)
     return dataclasses.replace(cfg, data=source_from_path(cfg.data))  # a --data.path alone names its source
+
+
+def _check_source_and_path(cfg: TrainConfig, overrides: Sequence[str]) -> None:
+    """Refuse `--data.source stdlib` given together with a data path: the path would silently win."""
+    named = any(a.startswith("--") and a[2:].split("=", 1)[0].replace("-", "_") == "data.source" for a in overrides)
+    if named and cfg.data.source == "stdlib" and cfg.data.path is not None:
+        raise ValueError(f"--data.source stdlib reads the embedded corpus and no path, but data.path={cfg.data.path!r} "
+                         f"is set too; drop --data.source to train on that path (its source is found from it), or "
+                         f"drop --data.path to train on the stdlib corpus.")
 
 
 def _message(error: BaseException) -> str:
@@ -85,6 +98,7 @@ def run_main(main: Callable[[], Any]) -> int:
     torchrun only rank 0 prints.
     """
     quiet = os.environ.get("RANK", "0") != "0"
+    quiet_known_noise()  # torch's lines that are noise on a CPU (ember.launch.quiet)
     try:
         result = main()
     except RunInterrupted as stopped:

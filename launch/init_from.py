@@ -1,6 +1,6 @@
 """`--init_from PATH`: a run's first parameters from a Hugging Face folder or an ember checkpoint.
 
-Public names: `load_initial_params`, `check_init_from`.
+Public names: `load_initial_params`, `check_init_from`, `with_saved_model`.
 
 A Hugging Face folder (`config.json` with a `model_type`, safetensors weights) of a native family is
 read with `ember.models.from_hf`'s mapping, into the configured layer layout (`scan_layers` either
@@ -8,7 +8,8 @@ way) and the configured parameter dtype (a bf16 folder still trains float32 mast
 run directory or checkpoint directory gives the params of its latest step (no optimizer state, no
 step count: the run starts at step 0), restored into the configured model, so its `scan_layers` must
 be the checkpoint's. Either way the saved architecture is checked against the configured one first,
-and every difference is named.
+and every difference is named. A run config without a model (`--config sft`) takes the saved one
+(`with_saved_model`), so one run config fine-tunes a folder of any native family.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ember.core import random
 from ember.core.dataclass_json import to_dict
 from ember.core.types import Params
 
-__all__ = ["check_init_from", "load_initial_params"]
+__all__ = ["check_init_from", "load_initial_params", "with_saved_model"]
 
 _FREE_FIELDS = ("scan_layers", "remat", "loss_chunk_size", "init_std", "max_seq_len", "dropout")
 """Config fields that may differ from the saved model: they change neither the params nor their meaning."""
@@ -57,6 +58,45 @@ def _hf_model(path: str, hf: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
     return family, to_dict(saved)
 
 
+def _saved_model(path: str) -> Tuple[str, Any, Optional[str]]:
+    """(family, model config, tokenizer folder or None) of the weights at `path` (no weights read)."""
+    hf = _hf_config(path)
+    if hf is not None:
+        from ember.models.hf import config_from_hf
+
+        return _hf_model(path, hf)[0], config_from_hf(hf), path
+    if not os.path.exists(path):
+        raise ValueError(f"--init_from {path}: no such folder; pass a Hugging Face model folder (config.json + "
+                         f"*.safetensors) or an ember run directory (the --out of launch/train.py).")
+    from ember.core.checkpoint import CheckpointError, CheckpointManager
+    from ember.launch.ckpt_tools import checkpoint_root, model_config_from_dict
+
+    with CheckpointManager(checkpoint_root(path), read_only=True) as ckpt:
+        meta = ckpt.read_meta()
+    info, data = meta.model or {}, (meta.config or {}).get("data") or {}
+    if not (info.get("family") and info.get("config")):
+        raise CheckpointError(f"--init_from {path}: its checkpoint records no model config, so the run config cannot "
+                              f"take its model from it; pass --config a run config of its family.")
+    tokenizer = data.get("tokenizer_path") if data.get("tokenizer") == "model" else None
+    return info["family"], model_config_from_dict(info["config"]), tokenizer
+
+
+def with_saved_model(cfg: Any, path: str) -> Any:
+    """`cfg` (a `TrainConfig`) with `init_from=path` and the family and model config saved there: a Hugging Face
+    folder's `config.json`, or what an ember checkpoint recorded. A `data.tokenizer model` without a
+    `tokenizer_path` reads the folder's tokenizer (a checkpoint's: the one its run read).
+
+    Raises:
+        ValueError: no folder at `path`, or a model type without a native ember family.
+        CheckpointError: `path` holds no checkpoint, or one without a model config.
+    """
+    family, model, tokenizer = _saved_model(path)
+    data = cfg.data
+    if data.tokenizer == "model" and data.tokenizer_path is None and tokenizer:
+        data = dataclasses.replace(data, tokenizer_path=tokenizer)
+    return dataclasses.replace(cfg, family=family, model=model, init_from=path, data=data)
+
+
 def _flag(name: str, value: Any) -> str:
     text = str(value)
     return f"--model.{name} {json.dumps(text) if not text or ' ' in text else text}"
@@ -81,8 +121,8 @@ def _fix(family: str, saved: Mapping[str, Any], configured_family: str, configur
         model = to_dict(cfg.model) if dataclasses.is_dataclass(cfg.model) else {}
         if name != config_name and cfg.family == family and model.get("__type__") == saved.get("__type__"):
             options.append((f"--config {name}", model))
-    if not options:
-        return f"pass --config a {family} run config (`--list-configs`; --import the package that registers one)"
+    if not options:  # `--config sft` takes its model from the weights
+        return f"pass --config sft (its model is the one saved there) or a {family} run config (`--list-configs`)"
     few = same_model and len(_differing(saved, configured)) <= 3  # keep the run config's data and optimizer
     head, model = options[0] if few else min(options, key=lambda option: len(_differing(saved, option[1])))
     flags = [head] + [_flag(n, saved[n]) for n in _differing(saved, model) if not isinstance(saved[n], (dict, list))]
@@ -166,8 +206,12 @@ def load_initial_params(path: str, model: Any, *, model_info: Mapping[str, Any],
     from ember.core.checkpoint import CheckpointManager
     from ember.launch.ckpt_tools import checkpoint_root
 
+    from ember.launch.ckpt_tools import lora_of_run
+
     with CheckpointManager(checkpoint_root(path), read_only=True) as ckpt:
+        adapted = lora_of_run(model, ckpt.read_meta().config)  # a LoRA run: its adapters merged in
         with torch.device("meta"):
-            like = model.init(random.key(0))  # shapes only
-        return ckpt.restore_params(like=like, device=device, model_info=model_info)
+            like = adapted.param_shapes() if adapted else model.init(random.key(0))  # shapes only
+        params = ckpt.restore_params(like=like, device=device, model_info=model_info)
+        return adapted.merged(params) if adapted else params
 

@@ -87,6 +87,7 @@ def train_loop(
     should_stop: Optional[Callable[[], bool]] = None,
     tokens_per_step: int = 0,
     progress: bool = True,
+    compiled: bool = True,
 ) -> PyTree:
     """Run `step` until `state.step == steps`, logging every `log_every` steps.
 
@@ -106,6 +107,7 @@ def train_loop(
         progress: say how long the first step (the compile) took, then show a tqdm progress bar;
             at a log step, say how many steps so far were skipped as non-finite (`state.skipped_steps`, when
             the state has it).
+        compiled: whether `step` compiles on its first call (False: an eager step; the first line says it ran).
 
     Returns:
         The final state.
@@ -127,7 +129,8 @@ def train_loop(
             ) from None
         if progress and i == start + 1:
             first_started = time.perf_counter()
-            print(f"step {i}: compiling the step...", end=" ", flush=True)
+            first = "compiling the step..." if compiled else "eager (not compiled)..."
+            print(f"step {i}: {first}", end=" ", flush=True)
         state, metrics = step(state, batch)
         stop = should_stop is not None and should_stop()
         logged = False
@@ -144,7 +147,8 @@ def train_loop(
         if on_step_end is not None:
             on_step_end(i, state)
         if progress and bar is None:  # after the first step: its time was the compile, not the ETA's
-            print(f"compiled and ran in {time.perf_counter() - first_started:.1f}s", flush=True)
+            ran = "compiled and ran" if compiled else "ran"
+            print(f"{ran} in {time.perf_counter() - first_started:.1f}s", flush=True)
             bar = _progress_bar(total=steps, initial=i)
         elif bar is not None:
             bar.update(1)

@@ -1,7 +1,7 @@
 """Built-in run configs, registered with `ember.launch.run_config` when this module is imported.
 
-Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `qwen3_moe_tiny`, `tiny_chat_sft`, `llama3_125m`
-(the functions building each config).
+Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `qwen3_moe_tiny`, `tiny_chat_sft`, `sft`,
+`llama3_125m` (the functions building each config).
 
 `llama3_tiny` is the default of `launch/train.py` and `make train`: a small Llama-style model
 trained on the running interpreter's standard library sources in a few CPU minutes. Vocabularies
@@ -25,7 +25,8 @@ from ember.launch.run_config import TrainConfig, register_config
 from ember.models import get_config
 from ember.optim.config import OptimConfig
 
-__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_moe_tiny", "tiny_chat_sft"]
+__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_moe_tiny", "sft",
+           "tiny_chat_sft"]
 
 _BYTE_VOCAB = 320  # 257 byte-tokenizer ids padded to a multiple of 64
 
@@ -99,6 +100,15 @@ def tiny_chat_sft() -> TrainConfig:
                                optim=dataclasses.replace(base.optim, warmup_steps=10),
                                sample_prompt="What is the json module for?", sample_tokens=40,
                                out="runs/tiny_chat_sft")
+
+
+@register_config("sft")
+def sft() -> TrainConfig:
+    """SFT of any native family's folder: --init_from FOLDER (its config.json is the model), --data.path FILE.jsonl."""
+    data = DataConfig(source="sft", tokenizer="model", seq_len=256, batch_size=4)  # the tokenizer of --init_from
+    return TrainConfig(family="", model=None, data=data, steps=150, eval_every=50, eval_batches=4, checkpoint_every=0,
+                       optim=OptimConfig(name="adamw", learning_rate=2e-5, warmup_steps=10, weight_decay=0.0),
+                       sample_prompt="Hello! Who are you?", sample_tokens=40, out="runs/sft")
 
 
 @register_config("llama3_125m")

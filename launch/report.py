@@ -67,7 +67,7 @@ def report_run(cfg: TrainConfig, history: List[Dict[str, float]], *, model: Any,
         else:
             ids = tokenizer.encode(cfg.sample_prompt)
         prompt = torch.tensor([ids.tolist()], device=device)
-        out = generate(model.apply, params, prompt, max_new_tokens=cfg.sample_tokens, key=random.key(cfg.seed),
+        out = generate(model.apply, params, prompt, max_new_tokens=cfg.sample_tokens, key=random.key(cfg.seed, device=device),
                        temperature=0.8, top_k=40, max_seq_len=cfg.data.seq_len,
                        vocab_size=tokenizer.vocab_size)[0].cpu().tolist()  # never the padded embedding rows
         if chat and tokenizer.eos_id in out[len(ids):]:  # the reply ends at the end of its turn

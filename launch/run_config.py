@@ -37,6 +37,7 @@ from ember.core.dataclass_json import to_dict
 from ember.core.registry import Registry
 from ember.data.config import DataConfig
 from ember.launch.flag_spelling import bool_words, one_line
+from ember.models.lora import LoRAConfig
 from ember.optim.config import OptimConfig
 
 __all__ = [
@@ -55,7 +56,7 @@ class TrainConfig:
     """A whole run: model, optimizer, data, loop. Every field has a default."""
 
     family: str = "llama3"
-    """Model family in the ember.models registry."""
+    """Model family in the ember.models registry ("" with no model: both come from --init_from)."""
     model: Any = None
     """The family's config dataclass (e.g. Llama3Config); its fields are overridable as --model.X."""
     optim: OptimConfig = OptimConfig()
@@ -66,8 +67,13 @@ class TrainConfig:
     """Training steps."""
     microbatches: int = 1
     """Gradient-accumulation microbatches inside one step."""
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Forward/backward dtype; master params stay float32."""
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Forward/backward dtype; master params, gradients, optimizer and loss stay float32. auto: bfloat16 on a
+    CUDA GPU that supports it, else float32 (ember.launch.precision)."""
+    tf32: bool = True
+    """On CUDA, float32 matmuls use TF32 tensor cores (torch.set_float32_matmul_precision("high")); False: full float32."""
+    cuda_graph: bool = False
+    """Replay the donated compiled step as one CUDA graph (inductor, one CUDA GPU; opt-in, see ember.core.jit)."""
     backend: Literal["eager", "inductor", "xla"] = "inductor"
     """How the step is compiled (ember.core.jit)."""
     seed: int = 0
@@ -75,6 +81,8 @@ class TrainConfig:
     init_from: Optional[str] = None
     """Start from these weights instead of a random init: a Hugging Face model folder or an ember run /
     checkpoint directory (its latest params; the run starts at step 0). Checked against the model config."""
+    lora: LoRAConfig = LoRAConfig()
+    """LoRA adapters (--lora.rank R > 0): only they train, and `launch/ckpt.py export --hf` merges them in."""
     log_every: int = 10
     """Steps between metric logs (metrics stay on device in between)."""
     eval_every: int = 100
@@ -266,7 +274,7 @@ def parse_cli(name: str, args: Sequence[str], *, description: Optional[str] = No
     """
     import tyro  # imported here: only command lines need it
 
-    base = get_config(name)
+    base = _model_of_init_from(get_config(name), args)
     concrete = _concrete_type(base)
     args = bool_words(args, _field_hints(concrete))  # `--flag False` as well as `--flag` / `--no-flag`
     check_flags(concrete, args)
@@ -284,6 +292,23 @@ def parse_cli(name: str, args: Sequence[str], *, description: Optional[str] = No
         raise ValueError(one_line(text, args, lambda path: _value_at(default, path))) from None
     finally:
         sys.stderr.write(printed.getvalue())  # tyro's warnings, if any
+
+
+def _model_of_init_from(base: TrainConfig, args: Sequence[str]) -> TrainConfig:
+    """A config with neither family nor model (`--config sft`) takes both from its `--init_from` weights."""
+    if base.family or base.model is not None or {"-h", "--help"} & set(args):
+        return base
+    path = base.init_from
+    for i, arg in enumerate(args):  # the last one wins, as in tyro
+        flag, eq, value = arg.partition("=")
+        if flag.startswith("--") and flag[2:].replace("-", "_") == "init_from":
+            path = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    if not path:
+        raise ValueError("this run config takes its model from the weights it starts from: pass --init_from FOLDER "
+                         "(a Hugging Face model folder, or an ember run directory).")
+    from ember.launch.init_from import with_saved_model  # here: init_from reads the registered configs
+
+    return with_saved_model(base, path)
 
 
 def _value_at(cfg: Any, path: str) -> Any:

@@ -13,33 +13,40 @@ rank 0 writes files and prints.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
 
 from ember.core.compat import torch_minor
 from ember.core.mesh import Mesh
-from ember.core.partition_specs import MESH_ORDER, Sharding, for_mesh, shard, shard_batch, use_sharding
+from ember.core.partition_specs import (MESH_ORDER, Sharding, for_mesh, resolve_tree, shard, shard_batch,
+                                        use_sharding)
 from ember.core.pytree import tree_map
 
 
-def setup(mesh_text: Optional[str]) -> Optional[Sharding]:
+def setup(mesh_text: Optional[str], *, nproc_per_node: Optional[int] = None) -> Optional[Sharding]:
     """The run's `Sharding`, or None for a plain single-process run (no `--mesh`, no torchrun).
 
     Raises:
         MeshError: the mesh does not use exactly `WORLD_SIZE` processes (says what would fit).
-        ValueError: `--mesh` given without torchrun (names the torchrun command).
+        ValueError: `--mesh` given without torchrun (names the launcher's command); `--nproc-per-node`
+            other than `WORLD_SIZE` under torchrun.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if nproc_per_node is not None and "WORLD_SIZE" in os.environ and nproc_per_node != world:
+        raise ValueError(f"--nproc-per-node {nproc_per_node} under torchrun, which started {world} processes: drop "
+                         f"--nproc-per-node (torchrun starts the ranks), or run `python launch/train.py "
+                         f"--nproc-per-node {nproc_per_node} ...` without torchrun.")
     if "WORLD_SIZE" not in os.environ:
         if mesh_text is None:
             return None
         raise ValueError(
-            f"--mesh {mesh_text} runs one process per device under torchrun (DTensor), but WORLD_SIZE is not set: "
-            f"start it as `torchrun --nproc-per-node N launch/train.py --mesh {mesh_text} ...` with N the mesh size, "
-            f"or drop --mesh for a single process (launch/tpu_pod.py runs a mesh on torch_xla)."
+            f"--mesh {mesh_text} runs one process per device (DTensor), but this is one process: start it as "
+            f"`python launch/train.py --nproc-per-node N --mesh {mesh_text} ...` with N the mesh size (or under "
+            f"torchrun), or drop --mesh for a single process (launch/tpu_pod.py runs a mesh on torch_xla)."
         )
     mesh = Mesh.parse(mesh_text or "dp=-1", devices=world, backend="dtensor").in_order(MESH_ORDER)
     return Sharding(mesh, for_mesh(mesh.names))
@@ -50,14 +57,42 @@ _MOE_TP_FIRST_RIGHT = (2, 13)
 was wrong; 2.10-2.12 are unmeasured and refused)."""
 
 
-def check_moe_tensor_parallel(backend: str, sharding: Optional[Sharding], model: Any) -> None:
+def _has_experts(axes: Any) -> bool:
+    """True if some parameter of the `axes` tree has the logical axis "expert"."""
+    if isinstance(axes, tuple) and all(a is None or isinstance(a, str) for a in axes):
+        return "expert" in axes
+    values = axes.values() if isinstance(axes, dict) else axes if isinstance(axes, (list, tuple)) else ()
+    return any(_has_experts(v) for v in values)
+
+
+def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, *, say: Callable[[str], None]) -> None:
+    """The checks of a run's mesh that need no process group, so a launcher makes them before it starts ranks.
+
+    The ready-made layout is resolved against the model's parameter shapes (e.g. 8 experts over `ep=3`
+    is refused, naming the degrees that fit); a compiled mixture of experts under `tp` is refused where
+    torch computes it wrong; `ep` on a model without experts is no mistake (it is then one more batch
+    axis, as `dp`), but `say` gets a one-line notice.
+    """
+    mesh = getattr(sharding, "mesh", sharding)
+    if mesh is None:
+        return
+    resolve_tree(model.axes, for_mesh(mesh.names).params, mesh_sizes=mesh.sizes(), shapes=model.param_shapes())
+    check_moe_tensor_parallel(backend, mesh, model)
+    ep = mesh.sizes().get("ep", 1)
+    if ep > 1 and not _has_experts(model.axes):
+        say(f"note: --mesh {mesh} splits experts over ep={ep}, but this model has none: ep acts as one more "
+            f"data-parallel axis here (the same as dp={ep})")
+
+
+def check_moe_tensor_parallel(backend: str, sharding: Union[Sharding, Mesh, None], model: Any) -> None:
     """Refuse a compiled mixture of experts with `tp` on DTensor where torch computes it wrong.
 
     torch 2.9's Inductor path over DTensor leaves collectives of the experts' tensor-parallel
     matmuls unwaited: `--mesh tp=2` and `ep=2,tp=2` ran to losses off by 3.5e-4 at step 1 and
     1.7e-2 at step 2, different every run. Eager is right, and so are 2.13 and 2.15.
     """
-    tp = 1 if sharding is None else sharding.mesh.sizes().get("tp", 1)
+    mesh = getattr(sharding, "mesh", sharding)
+    tp = 1 if mesh is None else mesh.sizes().get("tp", 1)
     if tp == 1 or backend != "inductor" or not callable(getattr(model, "auxiliary_loss", None)):
         return
     if tuple(int(v) for v in torch_minor().split(".")) < _MOE_TP_FIRST_RIGHT:
@@ -122,6 +157,31 @@ def on_every_rank(flag: Callable[[], bool]) -> Callable[[], bool]:
         return bool(vote[0])
 
     return agreed
+
+
+class AnotherRankFailed(ValueError):
+    """This rank's checks passed, but another rank's failed (that rank says why); every rank exits 2."""
+
+
+@contextlib.contextmanager
+def entered_on_every_rank(context: ContextManager[Any]) -> Iterator[None]:
+    """Enter `context` (e.g. rank 0's claim of the run directory) as one decision of all ranks (a collective).
+
+    If entering raised a mistake on any rank, every rank raises before its first step: that rank its
+    own error, the others `AnotherRankFailed`; otherwise a rank that went on alone would wait for the
+    failed one in a collective until gloo or NCCL gave up with a traceback.
+    """
+    with contextlib.ExitStack() as stack:
+        failed = None
+        try:
+            stack.enter_context(context)
+        except (ValueError, TypeError, LookupError, OSError, NotImplementedError) as error:  # cli.USER_ERRORS
+            failed = error
+        if on_every_rank(lambda: failed is not None)():
+            if failed is not None:
+                raise failed
+            raise AnotherRankFailed("another rank refused to start the run (rank 0 printed why)")
+        yield
 
 
 def teardown(*, finished: bool) -> None:

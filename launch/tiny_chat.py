@@ -1,6 +1,7 @@
 """Build a tiny chat model folder and a chat JSONL from this machine alone, for the fine-tune example.
 
     python launch/tiny_chat.py --out runs/tiny_chat
+    python launch/tiny_chat.py --family gemma --out runs/tiny_gemma   # any native family's `tiny` arch
 
 writes
     runs/tiny_chat/model/       a Hugging Face Qwen2 folder: config.json, model.safetensors (random
@@ -12,17 +13,20 @@ writes
 Nothing is downloaded: the text is the running interpreter's standard library. transformers loads the
 folder (`AutoModelForCausalLM`, `AutoTokenizer`) like any released checkpoint; `--config tiny_chat_sft`
 fine-tunes it. `--config qwen3_moe_tiny` writes a Qwen3-MoE folder instead, which the same SFT flags
-fine-tune with `--config qwen3_moe_tiny`.
+fine-tune with `--config qwen3_moe_tiny`; `--family gemma` (qwen3, dots1, ...) that family's `tiny`
+architecture, which `--config sft --init_from FOLDER` fine-tunes.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
+import functools
 import json
 import os
 import sys
-from typing import Dict, List
+from typing import Dict, Optional, Tuple
 
 CHATML = ("{%- if messages[0].role != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
           "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -47,7 +51,8 @@ def _modules():
                 yield ".".join(parts), os.path.join(dirpath, name)
 
 
-def conversations(limit: int = 400) -> List[Dict[str, list]]:
+@functools.lru_cache(maxsize=2)  # parsing the standard library takes seconds: a process reads it once
+def conversations(limit: int = 400) -> Tuple[Dict[str, list], ...]:
     """One conversation per standard-library module whose docstring starts with a sentence."""
     out = []
     for module, path in _modules():
@@ -64,17 +69,18 @@ def conversations(limit: int = 400) -> List[Dict[str, list]]:
                                  {"role": "assistant", "content": first}]})
         if len(out) == limit:
             break
-    return out
+    return tuple(out)
 
 
-def build(out: str, *, seed: int = 0, config: str = "qwen2_tiny") -> str:
+def build(out: str, *, seed: int = 0, config: str = "qwen2_tiny", family: Optional[str] = None) -> str:
     """Write the folder and the JSONL under `out` (see the module docstring); returns the model folder.
 
-    `config` names the run config whose model the folder holds (e.g. `qwen3_moe_tiny` for a Qwen3-MoE one)."""
+    `config` names the run config whose model the folder holds (e.g. `qwen3_moe_tiny` for a Qwen3-MoE one);
+    `family` instead that family's `tiny` architecture, with the same vocabulary."""
     from ember.core import random
     from ember.data import train_bpe
     from ember.launch.run_config import get_config
-    from ember.models import build_model, to_hf
+    from ember.models import build_model, get_config as model_config, to_hf
 
     convs = conversations()
     model_dir = os.path.join(out, "model")
@@ -82,6 +88,9 @@ def build(out: str, *, seed: int = 0, config: str = "qwen2_tiny") -> str:
     with open(os.path.join(out, "chat.jsonl"), "w") as fh:
         fh.writelines(json.dumps(c) + "\n" for c in convs)
     cfg = get_config(config)
+    if family:
+        cfg = dataclasses.replace(cfg, family=family, model=model_config(family, "tiny").replace(
+            vocab_size=cfg.model.vocab_size))
     texts = [m["content"] for c in convs for m in c["messages"]] + ["system", "user", "assistant"]
     tokenizer = train_bpe(texts, vocab_size=cfg.model.vocab_size, special_tokens=SPECIAL_TOKENS)
     tokenizer.save(os.path.join(model_dir, "tokenizer.json"))
@@ -99,8 +108,9 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="runs/tiny_chat", help="where to write model/ and chat.jsonl")
     p.add_argument("--seed", type=int, default=0, help="seed of the random init")
     p.add_argument("--config", default="qwen2_tiny", help="the run config whose model the folder holds")
+    p.add_argument("--family", default=None, help="a native family (gemma, qwen3, ...): its tiny arch instead")
     args = p.parse_args(argv)
-    folder = build(args.out, seed=args.seed, config=args.config)
+    folder = build(args.out, seed=args.seed, config=args.config, family=args.family)
     print(f"wrote {folder} and {os.path.join(args.out, 'chat.jsonl')}")
 
 

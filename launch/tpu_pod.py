@@ -6,8 +6,8 @@
     python launch/tpu_pod.py --mesh dp=2,tp=2 --out runs/pod --checkpoint_every 50 --resume   # continue a run
 
 Prints the mesh, each parameter's PartitionSpec and shard shape, memory per device, then each
-step's loss and XLA compile count. With `--out DIR` it checkpoints to `DIR/checkpoints` (every
-`--checkpoint_every` steps and at the end) and `--resume` continues from the latest one, which
+step's loss and XLA compile count. With `--out DIR` it checkpoints to `DIR/checkpoints` (at the end, and
+every `--checkpoint_every` steps if given) and `--resume` continues from the latest one, which
 may have been written on another mesh or by `launch/train.py`. `--check` (default on CPU; `--no-check`) also trains the
 single-device eager reference and fails unless the losses agree within 1e-4 (float32) and only
 step 1 compiled. Without TPUs or PJRT_DEVICE it re-runs itself with `PJRT_DEVICE=CPU
@@ -17,11 +17,14 @@ config overrides as in `launch/train.py`.
 """
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
 
+from ember.core.partition_specs import MESH_ORDER
 from ember.launch import cli
+from ember.launch.quiet import quiet_xla_logging
 
 
 def _simulate(argv, mesh_text):
@@ -43,6 +46,14 @@ def _simulate(argv, mesh_text):
     return subprocess.call([sys.executable, os.path.abspath(__file__), *argv], env=env)
 
 
+def _checkpoints_at_the_end(cfg):
+    """`cfg` with `--out` checkpointing at the end at least (as documented); without --out, as it is."""
+    if cfg.out is None or cfg.checkpoint_every >= 0:
+        return cfg
+    print(f"checkpoints: at the end, in {cfg.out}/checkpoints (--checkpoint_every N also saves every N steps)")
+    return dataclasses.replace(cfg, checkpoint_every=0)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     p = cli.launcher_parser()
@@ -52,7 +63,9 @@ def main(argv=None):
     if {"-h", "--help"} & set(overrides) or args.list_configs:  # the config's flags, from tyro (exits)
         cli.read_config(args, overrides, description=__doc__, parser=p)
     if args.mesh is None:
-        p.error("--mesh is required, e.g. --mesh dp=2,tp=2 (axes dp, fsdp, tp; sizes multiply to the device count)")
+        p.error(f"--mesh is required, e.g. --mesh dp=2,tp=2 (axes {', '.join(MESH_ORDER)}; sizes multiply to the "
+                f"device count)")
+    quiet_xla_logging()  # before torch_xla is imported, here and in the simulating child
     rc = _simulate(argv, args.mesh)
     if rc is not None:
         return rc
@@ -65,7 +78,7 @@ def main(argv=None):
     from ember.launch.interrupt import GracefulStop
     from ember.launch.run_dir import claim_run_directory
 
-    cfg = cli.read_config(args, overrides, description=__doc__, parser=p)
+    cfg = _checkpoints_at_the_end(cli.read_config(args, overrides, description=__doc__, parser=p))
     say = print if xr.process_index() == 0 else (lambda *a, **k: None)
     with claim_run_directory(cfg.out if xr.process_index() == 0 else None, resume=args.resume), GracefulStop() as stop:
         return spmd_run.train(cfg, args, say=say, stop=stop)

@@ -5,22 +5,28 @@
     python launch/train.py --dry-run                          # parameters, axes, memory; no step
     python launch/train.py --out runs/a --checkpoint_every 100 --resume   # continue from the latest checkpoint
     python launch/train.py --out runs/a --checkpoint_every 100 --resume_step 200   # from an earlier one
-    torchrun --nproc-per-node 4 launch/train.py --mesh fsdp=2,tp=2 --out runs/tp   # DTensor: ember.launch.sharded
+    python launch/train.py --nproc-per-node 4 --mesh fsdp=2,tp=2 --out runs/tp   # 4 ranks, DTensor: ember.launch.ranks
 
 Every config field is a flag (`--help`, `--list-configs`); the pieces are importable from `ember.launch`.
 `--resume` of a run that already reached `--steps` says so and changes nothing (exit 0).
 Ctrl-C (or SIGTERM) ends the run after the current step with a final checkpoint; a second Ctrl-C quits at once.
+`--nproc-per-node N` checks the run, then starts its N ranks itself and exits as one process would (130 after
+Ctrl-C, 2 after a mistake); `torchrun --nproc-per-node N launch/train.py ...` runs the same ranks.
 """
 
+import os
 import sys
 
 from ember import data, models
 from ember.core import device_for, jit
-from ember.launch import build, checkpointing, cli, sharded
+from ember.core.mesh import Mesh
+from ember.core.partition_specs import MESH_ORDER
+from ember.launch import build, checkpointing, cli, precision, ranks, sharded
 from ember.launch.host_memory import retain_freed_host_memory
 from ember.launch.interrupt import GracefulStop
 from ember.launch.loop import train_loop
 from ember.launch.metrics_log import MetricsWriter, read_metrics
+from ember.models.layers.attention_kernel import attention_kernel_report
 from ember.launch.report import report_run, save_config
 from ember.launch.run_dir import claim_run_directory
 
@@ -29,7 +35,10 @@ def main(argv=None):
     parser = cli.launcher_parser()
     parser.add_argument("--dry-run", action="store_true", help="print parameters, axes and memory; train nothing")
     parser.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
-    args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, metavar="N",
+                        help="check the run, then start N processes here (one per device) as torchrun would")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, overrides = parser.parse_known_args(argv)
     retain_freed_host_memory()  # a step frees and re-allocates the same buffers: keep their pages
     cfg = cli.read_config(args, overrides, description=__doc__, parser=parser)
     build.check_backend(cfg)  # before anything is built or written
@@ -38,13 +47,17 @@ def main(argv=None):
         build.preflight(cfg, args, main=False)  # refuses an --init_from of another model
         print(models.describe(model))
         return None
-    sharding = sharded.setup(args.mesh)  # None unless under torchrun or --mesh; before any device tensor
-    sharded.check_moe_tensor_parallel(cfg.backend, sharding, model)
+    if args.nproc_per_node is not None and "WORLD_SIZE" not in os.environ:
+        return start_ranks(cfg, model, args, argv)
+    sharding = sharded.setup(args.mesh, nproc_per_node=args.nproc_per_node)  # None unless under torchrun or --mesh
+    say_once = print if sharded.is_main() and not ranks.checked() else ranks.quiet  # a launcher said it already
+    sharded.check_mesh(cfg.backend, sharding, model, say=say_once)
+    precision.check_cuda_graph(cfg, sharding)
     finished, history = False, None
     try:  # only rank 0 writes files: it holds the run directory
         if build.preflight(cfg, args, main=sharded.is_main()):  # else the run already reached --steps
-            with claim_run_directory(cfg.out if sharded.is_main() else None, resume=args.resume,
-                                     overwrite=args.overwrite):
+            with sharded.entered_on_every_rank(claim_run_directory(cfg.out if sharded.is_main() else None,
+                                                                   resume=args.resume, overwrite=args.overwrite)):
                 history = train(cfg, model, sharding, args)
         finished = True
         return history
@@ -52,11 +65,30 @@ def main(argv=None):
         sharded.teardown(finished=finished)
 
 
+def start_ranks(cfg, model, args, argv):
+    """`--nproc-per-node N`: check the run here first (a mistake is one `error:` line, exit 2, before any rank
+    starts), then run this script as N ranks and return the run's exit code (`ember.launch.ranks`)."""
+    mesh = Mesh.parse(args.mesh or "dp=-1", devices=ranks.check_nproc(args.nproc_per_node), backend="dtensor")
+    sharded.check_mesh(cfg.backend, mesh.in_order(MESH_ORDER), model, say=print)
+    if not build.preflight(cfg, args, main=True):
+        return 0  # the run already reached --steps: said so, nothing to start
+    with claim_run_directory(cfg.out, resume=args.resume or args.overwrite):
+        pass  # free to use (rank 0 claims it, and --overwrite replaces the run there)
+    return ranks.run_ranks(args.nproc_per_node, [sys.executable, os.path.abspath(__file__), *argv])
+
+
 def train(cfg, model, sharding, args):
     main_rank = sharded.is_main()  # only rank 0 writes files and prints
     tokenizer, device = build.build_tokenizer(cfg, model), device_for(cfg.backend)
+    precision.set_matmul_precision(cfg.tf32, device)  # TF32 for float32 matmuls on CUDA (--tf32)
+    if main_rank:
+        print(precision.precision_line(cfg, device))
     state = sharded.shard_state(build.initial_state(cfg, model, device), sharding, model)
-    step = sharded.sharded(jit(build.step_fn(cfg, model), backend=cfg.backend, donate="state"), sharding, returns_state=True)
+    if main_rank and cfg.backend != "xla":  # the SDPA kernel the step's attention runs on this device and dtype
+        print(attention_kernel_report(model, state.params, seq_len=cfg.data.seq_len, device=device,
+                                      dtype=build.compute_dtype(cfg)))
+    step = sharded.sharded(jit(build.step_fn(cfg, model), backend=cfg.backend, donate="state",
+                                   cuda_graph=cfg.cuda_graph), sharding, returns_state=True)
     eval_one = sharded.sharded(jit(build.eval_fn(cfg, model), backend=cfg.backend), sharding, returns_state=False)
     eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device)
     if args.resume_step is not None:  # the later steps move aside, so this run can save them again
@@ -82,6 +114,7 @@ def train(cfg, model, sharding, args):
         with stop:
             state = train_loop(step, state, batches, steps=cfg.steps, writer=writer, log_every=cfg.log_every,
                                eval_every=cfg.eval_every, eval_fn=eval_fn, progress=main_rank,
+                               compiled=cfg.backend != "eager",
                                tokens_per_step=cfg.data.batch_size * cfg.data.seq_len,
                                on_step_end=checkpointing.checkpoint_hook(ckpt, batches, **hooks),
                                should_stop=sharded.on_every_rank(stop.requested))

@@ -294,7 +294,8 @@ def from_hf(
 ) -> Tuple[Any, Params]:
     """Load a local Hugging Face causal LM folder as an ember model and its params.
 
-    GPT-2, Llama, Qwen2, Qwen3, Mistral and Gemma folders become native ember models. Any other causal LM that
+    Folders of the native families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `mistral`, `gemma`, `qwen3_moe`, `dots1`:
+    GPT-2, Llama, Qwen2, Qwen3, Mistral, Gemma, Qwen3-MoE and dots.llm1) become native ember models. Any other causal LM that
     transformers loads is bridged (`hf_bridge.bridge_from_hf`, with one warning line): it trains,
     without the native families' extras.
 
@@ -308,7 +309,7 @@ def from_hf(
             gets a key; pass `dropout=0.0` to fine-tune without it.
 
     Returns:
-        `(model, params)`: a native model (`GPT2`, `Llama3`, `Qwen2`, `Qwen3`, `Mistral`, `Gemma`) or a bridged
+        `(model, params)`: a native model (`GPT2`, `Llama3`, `Qwen2`, `Qwen3`, `Mistral`, `Gemma`, `Qwen3Moe`, `Dots1`) or a bridged
         `TorchModel`, and its params tree.
 
     Raises:

@@ -1,6 +1,6 @@
 """LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") as a model converter.
 
-Public names: `to_lora`, `LoRAModel`, `lora_init`, `merge_lora`, `lora_mask`, `lora_targets`.
+Public names: `to_lora`, `LoRAModel`, `LoRAConfig`, `lora_init`, `merge_lora`, `lora_mask`, `lora_targets`.
 
 Each targeted weight `W` of shape `(out, in)` (or `(L, out, in)` for `scan_layers` stacks) gets two
 factors `A: (r, in)` and `B: (out, r)`, and the model computes with
@@ -19,6 +19,7 @@ Freezing the base takes two things: `apply` detaches the base weights (their gra
 zeros, and no weight gradient is computed for them), and the optimizer updates only the LoRA
 leaves: `optim.masked(optim.adamw(...), lora_mask(params))` (masked-out updates pass through
 unchanged, and they are zeros). `merge_lora` gives plain base-model params for export (`to_hf`).
+`LoRAConfig` is the run config's `lora` group (`launch/train.py --lora.rank 8 --lora.targets wq wv`).
 
 Example:
     >>> import torch
@@ -51,14 +52,40 @@ import torch
 from torch import Tensor
 
 from ..core import pytree, random
+from ..core.config_checks import check_fields, finite_positive, non_negative_int
 from ..core.types import Key, Params, PyTree
 from .layers.module import path_key
 
-__all__ = ["LoRAModel", "lora_init", "lora_mask", "lora_targets", "merge_lora", "to_lora"]
+__all__ = ["LoRAConfig", "LoRAModel", "lora_init", "lora_mask", "lora_targets", "merge_lora", "to_lora"]
 
 Targets = Union[Sequence[str], str]
 """Layer names (the path component before `.weight`, e.g. `("wq", "wv")` or `("q_proj",)`), or a
 regex `re.search`ed in the weight's dotted path (e.g. `r"attn\\.w[qkv]"`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+    """A run's LoRA adapters (`--lora.rank 8 --lora.alpha 16 --lora.targets wq wv`); rank 0 trains every weight."""
+
+    rank: int = 0
+    """r, the adapters' inner dimension; 0: no LoRA (every weight trains)."""
+    alpha: float = 16.0
+    """Scale numerator: the adapters add (alpha / rank) * B @ A to each targeted weight."""
+    targets: Tuple[str, ...] = ("wq", "wv")
+    """Layers to adapt: names before `.weight` (wq wk wv wo gate up down), or regexes on the dotted weight path."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "lora.", rank=non_negative_int, alpha=finite_positive)
+        if isinstance(self.targets, str) or not self.targets:
+            raise ValueError(f"lora.targets={self.targets!r}: expected one or more layer names; pass e.g. "
+                             f"--lora.targets wq wv.")
+
+    def pattern(self) -> Targets:
+        """`targets` for `to_lora`: the names as they are, or one regex when any of them is a regex."""
+        names = tuple(self.targets)
+        if all(t.isidentifier() for t in names):
+            return names
+        return "|".join(f"(?:^|\\.){t}\\.weight$" if t.isidentifier() else f"(?:{t})" for t in names)
 
 
 def _check_targets(targets: Any) -> None:
@@ -310,7 +337,7 @@ class LoRAModel:
         return self.base.apply_and_extras(self._adapted(params), *args, key=key, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "auxiliary_loss":  # a mixture of experts' router losses, which `lm_loss` adds
+        if name in ("auxiliary_loss", "config"):  # the router losses `lm_loss` adds; the architecture
             return getattr(self.base, name)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 

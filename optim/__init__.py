@@ -26,7 +26,8 @@ Public names, by module:
   `scale_by_adam`, `ScaleByAdamState` (adam); `trace`, `TraceState`, `ema`, `EmaState`
   (momentum); `scale_by_lion`, `ScaleByLionState` (lion); `scale_by_factored_rms`,
   `ScaleByFactoredRmsState`, `scale_by_param_block_rms` (adafactor).
-- `multi_steps`, `MultiStepsState` (gradient accumulation).
+- `multi_steps`, `MultiSteps`, `MultiStepsState` (gradient accumulation); `apply_if_finite`,
+  `ApplyIfFiniteState` (skip non-finite gradients); `global_norm` (clipping).
 - aliases: `adamw`, `adam`, `sgd`, `lion`, `adafactor`; config: `OptimConfig`, `from_config`,
   `schedule_from_config`.
 
@@ -65,7 +66,10 @@ from .base import identity as identity
 from .base import stateless as stateless
 from .clipping import clip_by_block_rms as clip_by_block_rms
 from .clipping import clip_by_global_norm as clip_by_global_norm
+from .clipping import global_norm as global_norm
 from .combining import chain as chain
+from .conditionality import ApplyIfFiniteState as ApplyIfFiniteState
+from .conditionality import apply_if_finite as apply_if_finite
 from .config import OptimConfig as OptimConfig
 from .config import from_config as from_config
 from .config import schedule_from_config as schedule_from_config
@@ -85,6 +89,7 @@ from .momentum import EmaState as EmaState
 from .momentum import TraceState as TraceState
 from .momentum import ema as ema
 from .momentum import trace as trace
+from .multi_steps import MultiSteps as MultiSteps
 from .multi_steps import MultiStepsState as MultiStepsState
 from .multi_steps import multi_steps as multi_steps
 from .scaling import ScaleByScheduleState as ScaleByScheduleState
@@ -100,12 +105,14 @@ from .schedules import warmup_cosine_decay_schedule as warmup_cosine_decay_sched
 from .weight_decay import add_decayed_weights as add_decayed_weights
 
 __all__ = [
+    "ApplyIfFiniteState",
     "EmaState",
     "EmptyState",
     "GradientTransformation",
     "InjectHyperparamsState",
     "MaskedNode",
     "MaskedState",
+    "MultiSteps",
     "MultiStepsState",
     "OptimConfig",
     "ScalarOrSchedule",
@@ -120,6 +127,7 @@ __all__ = [
     "adam",
     "adamw",
     "add_decayed_weights",
+    "apply_if_finite",
     "apply_updates",
     "balance_experts",
     "chain",
@@ -132,6 +140,7 @@ __all__ = [
     "expert_bias_mask",
     "from_config",
     "get_hyperparams",
+    "global_norm",
     "identity",
     "inject_hyperparams",
     "join_schedules",

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..core import pytree
 from ..core.protocols import TransformInitFn as TransformInitFn
+from ..core.protocols import check_gradient_transformation
 from ..core.protocols import TransformUpdateFn as TransformUpdateFn
 from ..core.tree_math import apply_updates as apply_updates
 from ..core.types import Params, Schedule, Updates
@@ -82,6 +83,22 @@ class MaskedNode:
     parameters need (Adafactor's factored moments) uses it for the others, so every state tree
     keeps the paths of the parameter tree.
     """
+
+
+def require_transformation(tx: object, *, where: str) -> None:
+    """Raise a one-line `TypeError` unless `tx` is a gradient transformation (optax's are named as such).
+
+    Args:
+        tx: what was passed.
+        where: the argument, as the message names it (`"masked(inner=...)"`).
+    """
+    check_gradient_transformation(tx, where=where)
+    if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+        raise TypeError(
+            f"{where} should be a GradientTransformation with init and update, got "
+            f"{type(tx).__name__} {tx!r}. Did you pass a factory without calling it "
+            f"(e.g. `optim.scale_by_adam` instead of `optim.scale_by_adam()`)?"
+        )
 
 
 def stateless(f: Callable[[Updates, Optional[Params]], Updates]) -> GradientTransformation:

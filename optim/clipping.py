@@ -1,6 +1,7 @@
 """Gradient clipping: by the global norm of all updates, or by each update's RMS.
 
-Public names: `clip_by_global_norm`, `clip_by_block_rms`.
+Public names: `clip_by_global_norm`, `clip_by_block_rms`, `global_norm` (optax.global_norm: the norm
+`clip_by_global_norm` compares, from `ember.core.tree_math`).
 
 Both are stateless (`EmptyState`) and take their threshold as a Python number or a 0-d tensor,
 so `inject_hyperparams` can make the threshold a tunable tensor.
@@ -22,12 +23,12 @@ import torch
 from torch import Tensor
 
 from ..core.pytree import tree_flatten, tree_unflatten
-from ..core.tree_math import global_norm
+from ..core.tree_math import global_norm as global_norm
 from ..core.types import Params, Updates
 from . import _foreach
 from .base import GradientTransformation, stateless
 
-__all__ = ["clip_by_block_rms", "clip_by_global_norm"]
+__all__ = ["clip_by_block_rms", "clip_by_global_norm", "global_norm"]
 
 
 def _check_positive(fn: str, name: str, value: Union[float, Tensor]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from ..core.types import OptState, Params, Updates
-from .base import GradientTransformation
+from .base import GradientTransformation, require_transformation
 
 __all__ = ["chain"]
 
@@ -38,16 +38,12 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
         A `GradientTransformation` whose state is a tuple with one state per transformation.
 
     Raises:
-        TypeError: an argument is not a `GradientTransformation` (no `init` / `update`).
+        TypeError: an argument is not a `GradientTransformation` (no `init` / `update`), or is
+            optax's (the message names the ember.optim spelling).
         ValueError: (from `update`) the state is not a tuple of `len(transforms)` states.
     """
     for i, tx in enumerate(transforms):
-        if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
-            raise TypeError(
-                f"chain(...) argument {i} should be a GradientTransformation with init and "
-                f"update, got {type(tx).__name__} {tx!r}. Did you pass a factory without calling "
-                f"it (e.g. `optim.scale_by_adam` instead of `optim.scale_by_adam()`)?"
-            )
+        require_transformation(tx, where=f"chain(...) argument {i}")
     n = len(transforms)
 
     def init_fn(params: Params) -> Tuple[OptState, ...]:

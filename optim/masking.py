@@ -27,7 +27,7 @@ import numpy as np
 from ..core import pytree
 from ..core.pytree import check_same_structure, tree_flatten, tree_map, tree_unflatten
 from ..core.types import OptState, Params, PyTree, Updates
-from .base import GradientTransformation, MaskedNode
+from .base import GradientTransformation, MaskedNode, require_transformation
 
 __all__ = ["MaskedState", "decay_mask", "masked"]
 
@@ -93,8 +93,9 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
 
     Raises:
         ValueError: the mask's tree does not match the params (the message names the paths).
-        TypeError: a mask leaf is not a Python bool.
+        TypeError: a mask leaf is not a Python bool, or `inner` is not an ember transformation.
     """
+    require_transformation(inner, where="masked(inner=...)")
 
     def mask_for(tree: PyTree) -> PyTree:
         return mask(tree) if callable(mask) else mask

@@ -11,6 +11,9 @@ from ember.launch import train
 
 README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
 BLOCKS = re.findall(r"```bash\n(.*?)```", README, re.S)
+# A block that builds its own model folder first (`launch/tiny_chat.py`) runs whole, in order, in
+# tests/launch/test_finetune.py; the checks of single commands below take the other blocks.
+SINGLE_COMMAND_BLOCKS = [block for block in BLOCKS if "launch/tiny_chat.py" not in block]
 
 
 def _commands(block):
@@ -19,7 +22,7 @@ def _commands(block):
 
 def _script_commands(script):
     """(command, its arguments after `script`) for every README command that runs `script`."""
-    for block in BLOCKS:
+    for block in SINGLE_COMMAND_BLOCKS:
         for command in _commands(block):
             words = shlex.split(command)
             if script in words:

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ._arrays import from_numpy, to_numpy
+from ._jax_platform import keep_jax_on_cpu
 
 __all__ = ["Distributed", "multiprocess_world", "numpy_restore_args", "restore_sharded"]
 
@@ -85,8 +86,7 @@ def _initialize_jax(world: int, rank: int) -> None:
             f"before anything runs jax code, or call jax.distributed.initialize(num_processes={world}, "
             f"process_id=rank, coordinator_address=...) first."
         )
-    if not os.environ.get("JAX_PLATFORMS"):
-        jax.config.update("jax_platforms", "cpu")  # orbax's arrays live in host memory; leave accelerators to torch
+    keep_jax_on_cpu()  # orbax's arrays live in host memory; leave accelerators to torch
     jax.distributed.initialize(coordinator_address=_coordinator_address(), num_processes=world, process_id=rank,
                                initialization_timeout=120)
 

@@ -55,6 +55,7 @@ import torch
 
 from ._arrays import checksums, dtype_name, to_numpy
 from ._distributed import Distributed, multiprocess_world
+from ._jax_platform import keep_jax_on_cpu
 from ._layout import META_ITEM, check_root, describe_contents, disk_bytes, step_dir, temporary_dirs
 from ._meta import CheckpointError, CheckpointMeta
 from ._reading import DATA_ITEM, CheckpointReader
@@ -138,6 +139,7 @@ class CheckpointManager(CheckpointReader):
         compress: bool = False,
         read_only: bool = False,
     ) -> None:
+        keep_jax_on_cpu()  # before orbax imports JAX: JAX must not take the accelerator
         import orbax.checkpoint as ocp
         from orbax.checkpoint import checkpoint_managers as policies
 

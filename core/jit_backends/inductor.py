@@ -12,49 +12,46 @@ Two ways in, chosen per call by the inputs:
 Determinism: an embedding's backward is a scatter-add (`index_put_` with accumulate). Inductor
 keeps it as a call of the ATen kernel, which on a multi-threaded CPU adds with atomics unless
 deterministic algorithms are on when it *runs*; so the order of the sum follows thread timing and
-repeated calls differ in the last bits (pytorch/pytorch#93537). While ember compiles and while
-each compiled call runs, `torch.use_deterministic_algorithms(True, warn_only=True)` is in force,
-and the user's own setting is restored after; `deterministic=False` opts out. The cost is a ratio
-in BENCHMARKS.md.
+repeated calls differ in the last bits (pytorch/pytorch#93537). On a GPU the attention backward
+passes do the same unless deterministic algorithms are strict. While ember compiles and while each
+compiled call runs, `determinism.deterministic_algorithms()` is in force (strict deterministic
+algorithms, SDPA backends with deterministic backward passes, cuBLAS's deterministic workspace),
+and the user's own settings are restored after; an op with no deterministic kernel raises naming
+itself and the fix. `deterministic=False` opts out (the fast path). The cost is a ratio in BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 from ..compat.inductor import CountingInductor
 from ..pytree import tree_flatten, tree_unflatten
 from . import dtensor_local
+from .cuda_graph import cuda_graphed
+from .determinism import deterministic_algorithms, determinism_error, ensure_cublas_workspace_config, notice_once
 from .donation import with_first
 from .traced import FxCompiled
 
 __all__ = ["InductorBackend", "deterministic_algorithms"]
 
 
-@contextlib.contextmanager
-def deterministic_algorithms() -> Iterator[None]:
-    """`torch.use_deterministic_algorithms(True, warn_only=True)` within the block, then as before."""
-    enabled = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-
-
 class InductorBackend:
     def __init__(self, entry: Callable[..., Tuple[Any, bool]], *, donate: str, mode: Optional[str],
-                 options: Optional[Dict[str, Any]], deterministic: bool, tracer: str) -> None:
+                 options: Optional[Dict[str, Any]], deterministic: bool, tracer: str,
+                 cuda_graph: bool = False) -> None:
         # Every compile happens inside a call, so one scope covers compiling and running.
+        self._deterministic = deterministic
         self._around_call = deterministic_algorithms if deterministic else contextlib.nullcontext
+        if deterministic and torch.cuda.is_available():
+            ensure_cublas_workspace_config()  # before cuBLAS starts: it reads it once
         self._donate = donate
         self._tracer = tracer
         self._counter = CountingInductor(mode, options)
-        self._traced = FxCompiled(entry, self._counter)
+        self._cuda_graph = cuda_graph  # each traced graph replayed as a CUDA graph (`cuda_graph.py`)
+        self._traced = FxCompiled(entry, cuda_graphed(self._counter) if cuda_graph else self._counter)
         self._traced_local = FxCompiled(dtensor_local.local_entry(entry), self._counter)
         self._dynamo = torch.compile(entry, backend=self._counter, fullgraph=True, dynamic=False)
 
@@ -64,16 +61,36 @@ class InductorBackend:
 
     def __call__(self, args: tuple, kwargs: dict) -> Tuple[Any, bool]:
         leaves, spec = tree_flatten((args, kwargs))
+        if not self._deterministic:
+            return self._dispatch(args, kwargs, leaves, spec)
+        device = next((t.device.type for t in leaves if isinstance(t, torch.Tensor)), "cpu")
+        notice_once(device)  # on a GPU, once per process, before the first step
+        try:
+            return self._dispatch(args, kwargs, leaves, spec)
+        except RuntimeError as err:
+            rewritten = determinism_error(err, device)
+            if rewritten is None:
+                raise
+            raise rewritten from err
+
+    def _dispatch(self, args: tuple, kwargs: dict, leaves: list, spec: Any) -> Tuple[Any, bool]:
         with self._around_call():
             if self._tracer == "make_fx" and dtensor_local.has_dtensor(leaves):
+                self._refuse_cuda_graph("a DTensor argument (a sharded step)")
                 out, ok = self._call_on_local_shards(leaves, spec)
             elif self._tracer == "make_fx" and FxCompiled.accepts(leaves):
                 out, ok = self._traced(leaves, spec)
             else:
+                self._refuse_cuda_graph("a tensor that requires grad (such calls go through Dynamo)")
                 return self._dynamo(*args, **kwargs)
             if ok and self._donate == "state":
                 out = with_first(out, args[0])  # the donated containers, as eager returns them
             return out, ok
+
+    def _refuse_cuda_graph(self, what: str) -> None:
+        if self._cuda_graph:
+            raise ValueError(f"jit(cuda_graph=True) captures a one-device step of plain tensors, but the call "
+                             f"passes {what}; drop cuda_graph=True for this step.")
 
     def _call_on_local_shards(self, leaves: list, spec: Any) -> Tuple[Any, bool]:
         local, layouts = dtensor_local.to_local(leaves)

@@ -46,7 +46,7 @@ from typing import Any, ContextManager, List, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ..mesh import Mesh
+from ..mesh import Mesh, MeshError
 from ..compat import dtensor_rules
 from .rules import ShardingRuleError
 from .spec import PartitionSpec
@@ -61,11 +61,31 @@ _MSG_NO_PROCESS_GROUP = (
 )
 
 
+_MSG_TOO_FEW_GPUS = (
+    "torchrun started {procs} processes on this host, but it has {gpus} GPU(s), and NCCL runs one process per "
+    "GPU. Start `torchrun --nproc-per-node {gpus}` with a mesh of that size, or run the {procs} processes on the "
+    "CPU over gloo with CUDA_VISIBLE_DEVICES= (empty)."
+)
+
+
 def start_torchrun_process_group() -> None:
-    """Join the process group torchrun describes in the environment: nccl on GPUs, gloo on CPU."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    """Join the process group torchrun describes in the environment: NCCL on GPUs, gloo on CPU.
+
+    On GPUs each process takes the GPU of its `LOCAL_RANK` (`torch.cuda.set_device`) and binds the
+    group to it (`device_id`), so NCCL connects eagerly on that device instead of guessing it.
+
+    Raises:
+        MeshError: torchrun started more processes on this host than it has GPUs.
+    """
+    if not torch.cuda.is_available():
+        dist.init_process_group("gloo")
+        return
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    procs, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1))), torch.cuda.device_count()
+    if max(procs, local_rank + 1) > gpus:
+        raise MeshError(_MSG_TOO_FEW_GPUS.format(procs=max(procs, local_rank + 1), gpus=gpus))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend="nccl", device_id=torch.device("cuda", local_rank))
 
 
 def placements(spec: PartitionSpec, mesh_names: Sequence[str], *, ndim: int) -> List[Any]:

@@ -77,8 +77,9 @@ def sample_token(
         beyond = probs.cumsum(dim=-1) - probs >= top_p  # the mass before this token already reaches top_p
         ranked = ranked.masked_fill(beyond, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ranked)
-    # Gumbel-max: argmax(logits + Gumbel noise) is a sample from softmax(logits).
-    u = random.uniform(key, logits.shape, minval=1e-7, maxval=1.0)
+    # Gumbel-max: argmax(logits + Gumbel noise) is a sample from softmax(logits). The noise is made on the
+    # logits' device whatever device the key is on (a key from `random.key(seed)` is on the CPU).
+    u = random.uniform(key.to(logits.device), logits.shape, minval=1e-7, maxval=1.0)
     return (logits - torch.log(-torch.log(u))).argmax(dim=-1)
 
 

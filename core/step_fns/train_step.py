@@ -29,7 +29,7 @@ from ..tree_math import (
     tree_where,
 )
 from ..types import Batch, Key, Metrics, Params
-from ..protocols import GradientTransformation
+from ..protocols import GradientTransformation, check_gradient_transformation
 from ._common import RESERVED_METRICS, check_builder_args, check_state, find_learning_rate, split_loss_output
 from .token_loss import TokenLoss
 __all__ = ["train_step"]
@@ -56,7 +56,9 @@ def _check_args(loss_fn: Any, tx: Any, microbatches: Any, compute_dtype: Any, ac
             f"train_step(accumulate_dtype=...) must be a floating torch.dtype such as torch.float32, "
             f"got {accumulate_dtype!r}."
         )
-    if tx is not None and not isinstance(tx, GradientTransformation):
+    if tx is not None:
+        check_gradient_transformation(tx, where="train_step(tx=...)")
+    if tx is not None and not isinstance(tx, GradientTransformation):  # optax's are named above
         raise TypeError(
             f"train_step(tx=...) expects a gradient transformation with "
             f"`update(grads, opt_state, params)`, got {type(tx).__name__}. "

@@ -36,6 +36,7 @@ from .summary import machine_info as machine_info
 from .summary import results as results
 from .summary import summarize as summarize
 from .timing import matmul_peak as matmul_peak
+from .timing import matmul_peaks as matmul_peaks
 from .timing import time_round_robin as time_round_robin
 from .torch_baseline import TorchLM as TorchLM
 from .variants import VARIANTS as VARIANTS
@@ -60,6 +61,7 @@ __all__ = [
     "machine_info",
     "markdown_section",
     "matmul_peak",
+    "matmul_peaks",
     "memory_child",
     "results",
     "run",

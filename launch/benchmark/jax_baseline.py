@@ -5,11 +5,15 @@ Public names: `jax_params`, `jax_loss_fn`, `jax_variant`, `initial_losses`.
 An independent baseline, not ember code: the model is written from the same equations as
 `ember.models` (RMSNorm, rotate-half RoPE, GQA causal attention, SwiGLU; GPT-2: LayerNorm, GELU,
 learned positions) and runs on the same weights, converted through numpy. `initial_losses` checks
-that both give the same loss. jax and optax are imported only when used.
+that both give the same loss. jax and optax are imported only when used. The baseline runs on JAX's
+default device (the GPU when JAX has CUDA) and says which in its notes and `Variant.device`; it
+allocates GPU memory as it needs it, never 75% up front, so the torch variants in the same process
+keep theirs.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict
 
 import torch
@@ -18,6 +22,20 @@ from ember.core.pytree import tree_map
 from ember.models import lm_loss
 
 from .setup import Setup, Variant, bench_optim_config
+
+
+def _start_jax() -> Any:
+    """`jax`, started without preallocating GPU memory (unless the user set XLA_PYTHON_CLIENT_PREALLOCATE)."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # read when the GPU backend starts
+    import jax
+
+    return jax
+
+
+def jax_device() -> str:
+    """Where the JAX baseline runs, e.g. `"gpu (cuda:0)"` or `"cpu (TFRT_CPU_0)"`."""
+    device = _start_jax().devices()[0]
+    return f"{device.platform} ({device})"
 
 
 def _jax_forward(cfg: Any, p: Any, tokens: Any) -> Any:
@@ -105,7 +123,7 @@ def jax_loss_fn(s: Setup) -> Callable[..., Any]:
 
 def jax_variant(s: Setup) -> Variant:
     """The JAX model trained by `jax.jit(step, donate_argnums=0)` with `optax.chain(clip_by_global_norm, adamw)`."""
-    import jax
+    jax = _start_jax()
     import jax.numpy as jnp
     import optax
 
@@ -121,6 +139,7 @@ def jax_variant(s: Setup) -> Variant:
         updates, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), loss
 
+    where = jax_device()
     jstep = jax.jit(step, donate_argnums=0)
     params = jax_params(s)
     box = [(params, tx.init(params))]
@@ -131,8 +150,8 @@ def jax_variant(s: Setup) -> Variant:
         return loss.block_until_ready()
 
     nbytes = lambda: sum(x.nbytes for x in jax.tree.leaves(box[0]))  # noqa: E731
-    return Variant("", run, nbytes, device=str(jax.devices()[0].platform),
-                   notes="jax.jit(donate_argnums=0), optax.chain(clip_by_global_norm, adamw)")
+    return Variant("", run, nbytes, device=where.split()[0],
+                   notes=f"jax.jit(donate_argnums=0), optax.chain(clip_by_global_norm, adamw), on JAX device {where}")
 
 
 def initial_losses(s: Setup, *, jax: bool) -> Dict[str, float]:
@@ -140,9 +159,10 @@ def initial_losses(s: Setup, *, jax: bool) -> Dict[str, float]:
     with torch.no_grad():
         out = {"ember": float(lm_loss(s.model)(s.params, s.batch, key=None).mean())}
     if jax:
-        import jax as _jax
+        _jax = _start_jax()
 
         inputs, targets = (s.batch[k].cpu().numpy() for k in ("inputs", "targets"))
         out["jax"] = float(_jax.jit(jax_loss_fn(s))(jax_params(s), inputs, targets))
         out["abs_diff"] = abs(out["jax"] - out["ember"])
+        out["jax_device"] = jax_device()
     return out

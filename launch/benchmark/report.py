@@ -21,8 +21,9 @@ def markdown_section(res: Dict[str, Any]) -> str:
              f"{m['date']}; {m['platform']}; torch {m['torch']}; {m['cpu_count']} CPUs ({m['torch_threads']} torch "
              f"threads){'; GPU ' + m['gpu'] if m['gpu'] else ''}"
              f"; malloc: {m.get('malloc', 'default')}. Model: {res['model']}; batch {res['batch']} x "
-             f"seq {res['seq_len']}; {res['n_params'] / 1e6:.2f}M params ({res['init']} init). Peak: "
-             f"{res['peak']['flops'] / 1e9:.1f} GFLOP/s ({res['peak']['matmul']} matmul). FLOPs/token "
+             f"seq {res['seq_len']}; {res['n_params'] / 1e6:.2f}M params ({res['init']} init). Peaks (each row's MFU "
+             f"is against its own dtype's): " + ", ".join(f"{p['flops'] / 1e9:.1f} GFLOP/s ({p['matmul']} matmul)"
+                                                       for p in res["peaks"].values()) + ". FLOPs/token "
              f"{res['flops_per_token'] / 1e6:.2f}M (6N + 12LdT). {res['iters']} timed rounds after {res['warmup']} "
              f"warm-up, round-robin in one process; the machine is shared, so numbers are noisy.", "",
              f"| variant | median ms | IQR ms | vs {base} | tokens/s | GFLOP/s | MFU | first call s | first loss "
@@ -32,7 +33,7 @@ def markdown_section(res: Dict[str, Any]) -> str:
         mm = mem.get(name, {})
         ratio = "" if r["ratio_vs_baseline"] is None else f"{r['ratio_vs_baseline']:.2f}x"
         lines.append(f"| {name} | {r['median_ms']:.1f} | {r['p25_ms']:.1f}-{r['p75_ms']:.1f} | {ratio} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['flops_per_s'] / 1e9:.2f} | {100 * r['mfu']:.1f}% | "
+                     f"{r['tokens_per_s']:,.0f} | {r['flops_per_s'] / 1e9:.2f} | {100 * r['mfu']:.1f}% ({r['peak_dtype']}) | "
                      f"{r['first_call_s']:.1f} | {r['first_loss']:.4f} | {_mib(mm.get('transient_bytes'))} | "
                      f"{_mib(mm.get('state_bytes'))} |")
     il, last = res["initial_loss"], [r["last_loss"] for r in res["variants"].values()]

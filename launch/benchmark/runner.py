@@ -13,7 +13,7 @@ import tempfile
 from .jax_baseline import initial_losses
 from .report import markdown_section, update_markdown
 from .summary import results
-from .timing import matmul_peak, time_round_robin
+from .timing import matmul_peaks, time_round_robin
 from .variants import build_variant, default_variants
 
 __all__ = ["CHILD_TAG", "compile_times", "run", "run_child"]
@@ -61,11 +61,13 @@ def run(args, argv, s):
     if "jax" in names:
         print(f"initial loss: ember {initial['ember']:.6f}, jax {initial['jax']:.6f}, |diff| {initial['abs_diff']:.2e}"
               + ("" if initial["abs_diff"] <= 1e-4 else "  MISMATCH (> 1e-4)"), flush=True)
-    peak = matmul_peak(s.device)
     variants = [build_variant(n, s) for n in names]
+    dtypes = {v.name: v.dtype for v in variants}  # each variant's MFU is against its own dtype's peak
+    peaks = matmul_peaks(s.device, sorted(set(dtypes.values())))
     timed = time_round_robin(variants, warmup=warmup, iters=iters)
-    peak = max(peak, matmul_peak(s.device), key=lambda p: p["flops"])  # again: the machine is shared
-    res = results(s, timed, peak=peak, warmup=warmup, iters=iters, config=args.config, initial_loss=initial,
+    again = matmul_peaks(s.device, list(peaks))  # again: the machine is shared
+    peaks = {d: max(p, again[d], key=lambda x: x["flops"]) for d, p in peaks.items()}
+    res = results(s, timed, peaks=peaks, dtypes=dtypes, warmup=warmup, iters=iters, config=args.config, initial_loss=initial,
                   title=args.title or args.config, command="python launch/bench.py " + shlex.join(argv),
                   notes={v.name: v.notes for v in variants})
     if args.memory:

@@ -43,6 +43,7 @@ class Variant:
     clear: Callable[[], None] = lambda: None  # drop what is held between steps but not state (grads)
     notes: str = ""
     device: str = "cpu"
+    dtype: str = "float32"  # the dtype its matmuls compute in: its MFU is scored against that dtype's peak
 
 
 def sync(device: torch.device) -> None:

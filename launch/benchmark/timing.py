@@ -1,6 +1,6 @@
 """How long steps take: round-robin timing of variants, the matmul peak, percentiles.
 
-Public names: `time_round_robin`, `matmul_peak`, `percentile`.
+Public names: `time_round_robin`, `matmul_peak`, `matmul_peaks`, `percentile`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -36,12 +36,17 @@ def time_round_robin(variants: List[Variant], *, warmup: int, iters: int) -> Dic
     return out
 
 
-def matmul_peak(device: torch.device, *, reps: int = 10) -> Dict[str, Any]:
-    """Best achieved FLOP/s of a large matmul (fp32 2048^3 on CPU, bf16 8192^3 on a GPU) over `reps` tries.
+def matmul_peak(device: torch.device, *, reps: int = 10, dtype: Optional[torch.dtype] = None,
+                n: Optional[int] = None) -> Dict[str, Any]:
+    """Best achieved FLOP/s of a large `dtype` matmul over `reps` tries: `{"flops", "matmul", "dtype"}`.
 
-    On a shared machine any one try can be slowed by other processes; the best one is the peak.
+    `dtype` defaults to bf16 on a GPU and float32 on the CPU; `n` to 8192 on a GPU, 2048 (float32) or
+    1024 (other dtypes) on the CPU. A float32 matmul on CUDA runs as torch's matmul precision says
+    (TF32 under "high"/"medium", as `--tf32 True` sets), and its label says which. On a shared
+    machine any one try can be slowed by other processes; the best one is the peak.
     """
-    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (2048, torch.float32)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    n = n or (8192 if device.type == "cuda" else 2048 if dtype == torch.float32 else 1024)
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     sync(device)
     best = math.inf
@@ -50,7 +55,14 @@ def matmul_peak(device: torch.device, *, reps: int = 10) -> Dict[str, Any]:
         a @ b
         sync(device)
         best = min(best, time.perf_counter() - t0)
-    return {"flops": 2 * n**3 / best, "matmul": f"{n}x{n}x{n} {str(dtype).replace('torch.', '')}"}
+    name = str(dtype).replace("torch.", "")
+    tf32 = device.type == "cuda" and dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest"
+    return {"flops": 2 * n**3 / best, "matmul": f"{n}x{n}x{n} {name}{' (TF32)' if tf32 else ''}", "dtype": name}
+
+
+def matmul_peaks(device: torch.device, dtypes: Sequence[str], *, reps: int = 10) -> Dict[str, Dict[str, Any]]:
+    """`{dtype name: matmul_peak(...)}` for each dtype (e.g. "float32", "bfloat16"): each variant's own peak."""
+    return {name: matmul_peak(device, reps=reps, dtype=getattr(torch, name)) for name in dtypes}
 
 
 def percentile(xs: List[float], q: float) -> float:

@@ -64,4 +64,5 @@ def torch_variant(s: Setup, *, compile: bool, impl: str = "auto", autocast: Opti
 
     how = "torch.compile(module)" if compile else "eager module"
     return Variant("", run, state_bytes, clear=lambda: opt.zero_grad(set_to_none=True), device=s.device.type,
+                   dtype=str(autocast or torch.float32).replace("torch.", ""),
                    notes=f"{how}, torch.optim.AdamW({impl})" + (f", autocast {autocast}" if autocast else ""))

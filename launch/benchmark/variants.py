@@ -58,6 +58,7 @@ def ember_variant(s: Setup, *, backend: str, donate: str = "state", compute_dtyp
         return metrics["loss"]
 
     return Variant("", run, lambda: tree_bytes(box[0]), device=s.device.type,
+                   dtype=str(compute_dtype or torch.float32).replace("torch.", ""),
                    notes=f"ember.core.jit(train_step(skip_nonfinite={skip_nonfinite}), backend={backend!r}, "
                          f"donate={donate!r}{''.join(f', {k}={v!r}' for k, v in jit_options.items())})"
                          + ("" if patches else ", EMBER_DISABLE_PATCHES=all"))
@@ -82,6 +83,10 @@ VARIANTS: Dict[str, Callable[[Setup], Variant]] = {
     "ember_inductor_no_patches": lambda s: ember_variant(s, backend="inductor", patches=False),
     "ember_eager": lambda s: ember_variant(s, backend="eager"),
     "ember_inductor_bf16": lambda s: ember_variant(s, backend="inductor", compute_dtype=torch.bfloat16),
+    # the donated step replayed as one CUDA graph (a CUDA GPU only): opt-in until measured to win
+    "ember_inductor_cudagraph": lambda s: ember_variant(s, backend="inductor", cuda_graph=True),
+    "ember_inductor_bf16_cudagraph": lambda s: ember_variant(s, backend="inductor", compute_dtype=torch.bfloat16,
+                                                             cuda_graph=True),
     "torch_compiled": lambda s: torch_variant(s, compile=True),
     "torch_compiled_foreach": lambda s: torch_variant(s, compile=True, impl="foreach"),
     "torch_eager": lambda s: torch_variant(s, compile=False),

@@ -190,6 +190,7 @@ def main(argv) -> None:
     if kind == "dtensor":
         import torch.multiprocessing as mp
 
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
         mp.spawn(_dtensor, args=(4, out, single_dir, multi_dir), nprocs=4)
     else:
         _xla(out, single_dir, multi_dir)

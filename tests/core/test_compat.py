@@ -201,3 +201,26 @@ def test_dtensor_rules_are_still_missing():
     out = subprocess.run([sys.executable, "-c", _DTENSOR_CHILD], capture_output=True, text=True, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"sdpa_cpu_rule": False, "gather_offers_mask_partial": True}, got
+
+
+def test_deterministic_algorithms_still_write_inductor_config():
+    from ember.core.compat.inductor_deterministic import inductor_deterministic, kept_inductor_deterministic
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    mine = "the user's own value"
+    from torch._inductor import config
+
+    saved, config.deterministic = config.deterministic, mine
+    try:
+        with kept_inductor_deterministic():
+            torch.use_deterministic_algorithms(True)
+            torch.use_deterministic_algorithms(*before[:1], warn_only=before[1])
+        kept = inductor_deterministic()
+        torch.use_deterministic_algorithms(*before[:1], warn_only=before[1])
+        overwritten = inductor_deterministic() != mine
+    finally:
+        config.deterministic = saved
+    if gated_on("inductor_deterministic"):
+        assert kept == mine
+    if measured_here("inductor_deterministic"):
+        assert overwritten, "torch no longer writes Inductor's deterministic setting: drop the entry"

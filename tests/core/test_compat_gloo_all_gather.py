@@ -22,7 +22,7 @@ ABORTED = re.compile(r"exitcode\s*:\s*-(6|11)\b|malloc\(\)|free\(\)|corrupted")
 
 def _torchrun(*args, disable_patch=False, timeout=600):
     env = {k: v for k, v in os.environ.items() if k not in {"PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS"}}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")  # gloo on the CPU, a GPU host too
     if disable_patch:
         env["EMBER_DISABLE_PATCHES"] = "gloo_all_gather_out"
     env["EMBER_GLOO_TEST_RUN"] = token = uuid.uuid4().hex

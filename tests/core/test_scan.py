@@ -121,11 +121,12 @@ SCAN_ERRORS = [
     ),
     ("zero_length", dict(xs=torch.zeros(0, 2)), ValueError, r"scan over 0 steps"),
     (
-        "unroll_false",
-        dict(xs=torch.zeros(3), unroll=False),
+        "unroll_negative",
+        dict(xs=torch.zeros(3), unroll=-1),
         ValueError,
-        r"always unrolls.*unroll=True",
+        r"scan\(unroll=-1\) must be a bool or an int >= 0, as in jax.lax.scan",
     ),
+    ("unroll_float", dict(xs=torch.zeros(3), unroll=2.0), TypeError, r"must be a bool or an int >= 0 .*float 2.0"),
 ]
 
 

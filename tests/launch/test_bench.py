@@ -12,6 +12,8 @@ import torch
 
 from ember.core.pytree import tree_leaves
 from ember.launch import benchmark
+from ember.launch.benchmark.torch_baseline import torch_variant
+from ember.launch.benchmark.variants import ember_variant
 from ember.launch.run_config import parse_cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -126,3 +128,41 @@ def test_markdown_section_is_replaced_not_duplicated(tmp_path):
 def test_unknown_variant_lists_the_valid_ones():
     with pytest.raises(ValueError, match="unknown variant 'torch_jit'.*ember_inductor_donated"):
         benchmark.build_variant("torch_jit", None)
+
+
+@pytest.fixture(scope="module")
+def tiny_setup():
+    return benchmark.build_setup(parse_cli("llama3_tiny", SMALL), device=torch.device("cpu"))
+
+
+def test_each_row_is_scored_against_the_peak_of_its_own_dtype(tiny_setup):
+    s = tiny_setup
+    # eager builds of the bf16 variants (the compiled ones differ only in torch.compile / backend)
+    built = {"ember_eager": benchmark.build_variant("ember_eager", s),
+             "ember_bf16": ember_variant(s, backend="eager", compute_dtype=torch.bfloat16),
+             "torch_bf16": torch_variant(s, compile=False, autocast=torch.bfloat16),
+             "torch_eager": benchmark.build_variant("torch_eager", s)}
+    dtypes = {n: v.dtype for n, v in built.items()}
+    assert dtypes == {"ember_eager": "float32", "ember_bf16": "bfloat16", "torch_bf16": "bfloat16",
+                      "torch_eager": "float32"}
+    names = list(dtypes)
+    peak = benchmark.matmul_peak(s.device, dtype=torch.bfloat16, n=64, reps=1)
+    assert peak["dtype"] == "bfloat16" and peak["matmul"] == "64x64x64 bfloat16" and peak["flops"] > 0
+    peaks = {"float32": {"flops": 1e11, "matmul": "2048x2048x2048 float32", "dtype": "float32"},
+             "bfloat16": {"flops": 4e11, "matmul": "1024x1024x1024 bfloat16", "dtype": "bfloat16"}}
+    timed = {n: {"times": [0.1, 0.1], "first_call_s": 1.0, "first_loss": 5.0, "last_loss": 4.0} for n in names}
+    res = benchmark.results(s, timed, peaks=peaks, dtypes=dtypes, warmup=1, iters=2, config="llama3_tiny",
+                            initial_loss={"ember": 5.0}, command="python launch/bench.py", notes={})
+    rows = res["variants"]
+    assert rows["torch_bf16"]["peak_dtype"] == "bfloat16" and rows["torch_eager"]["peak_dtype"] == "float32"
+    assert rows["ember_eager"]["mfu"] == pytest.approx(4 * rows["ember_bf16"]["mfu"])
+    assert rows["ember_bf16"]["peak_flops"] == 4e11 and res["peaks"] == peaks
+    section = benchmark.markdown_section(res)
+    assert "(bfloat16) |" in section and "1024x1024x1024 bfloat16 matmul" in section
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_graph_variants_are_refused_on_the_cpu(tiny_setup):
+    for name in ("ember_inductor_cudagraph", "ember_inductor_bf16_cudagraph"):
+        with pytest.raises(ValueError, match=r"cuda_graph=True.*no CUDA GPU"):
+            benchmark.build_variant(name, tiny_setup)

@@ -301,3 +301,74 @@ def test_export_of_a_missing_step_names_the_steps_and_the_flag(saved_run, tmp_pa
     assert str(err.value) == (f"no checkpoint for step 300 in {directory}; saved steps: 2. Pass --step with one "
                               f"of those, or leave --step out for the latest (2).")
     assert _tree(tmp_path) == before
+
+
+def _files(folder):
+    """`{relative path: (bytes, mtime_ns)}` of every file under `folder`."""
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+
+
+EXISTING = [  # (id, export flags, the file already there, relative to the --out; "" is the --out itself)
+    ("file", [], ""),
+    ("hf-folder", ["--hf"], "config.json"),
+]
+
+
+@pytest.mark.parametrize("flags, existing", [c[1:] for c in EXISTING], ids=[c[0] for c in EXISTING])
+def test_export_replaces_nothing_without_overwrite(saved_run, tmp_path, capsys, flags, existing):
+    """An existing --out (not even a safetensors file) or a file of the HF folder is refused with one
+    `error:` line and exit 2, every file left as it was (bytes and mtimes); --overwrite replaces it."""
+    from ember.launch.cli import run_main
+    from ember.models import from_hf
+
+    directory, state, _ = saved_run
+    out = tmp_path / "out"
+    target = out / existing if existing else out
+    target.parent.mkdir(exist_ok=True)
+    target.write_text("my notes, not a model\n")
+    (tmp_path / "other.txt").write_text("untouched\n")
+    before = _files(tmp_path)
+    argv = ["export", str(directory), "--out", str(out), *flags]
+    assert run_main(lambda: cli.main(argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {out} already ")
+    assert f"{existing or out}" in err and "pass another --out, or --overwrite to replace it" in err
+    assert _files(tmp_path) == before
+    assert run_main(lambda: cli.main([*argv, "--overwrite"])) == 0
+    assert _files(tmp_path)["other.txt"] == before["other.txt"]
+    if flags:
+        assert torch.equal(from_hf(str(out))[1]["wte"]["weight"], state.params["wte"]["weight"])
+    else:
+        from safetensors.torch import load_file
+
+        assert torch.equal(load_file(str(out))["wte.weight"], state.params["wte"]["weight"])
+
+
+def test_hf_export_brings_the_tokenizer_files_of_the_runs_folder(tmp_path):
+    """A run whose tokenizer came from a Hugging Face folder exports that folder's tokenizer files, chat
+    template and token ids with --hf (and refuses to replace them, naming each)."""
+    folder = tmp_path / "hf_model"
+    folder.mkdir()
+    tokenizer_files = {"tokenizer.json": '{"model": {}}', "tokenizer_config.json": '{"chat_template": "{{ x }}"}',
+                       "special_tokens_map.json": "{}", "chat_template.jinja": "{{ messages }}"}
+    for name, text in tokenizer_files.items():
+        (folder / name).write_text(text)
+    (folder / "config.json").write_text('{"model_type": "llama", "eos_token_id": 5, "bos_token_id": 4}')
+    cfg = dataclasses.replace(_cfg(tmp_path / "run"), data=DataConfig(source="sft", tokenizer="model",
+                                                                       tokenizer_path=str(folder)))
+    model = build_model(cfg.family, cfg.model)
+    with CheckpointManager(tmp_path / "run" / "checkpoints", async_save=False) as manager:
+        manager.save(1, {"params": model.init(random.key(0))}, config=cfg, model_info=C.model_info_for(cfg),
+                     force=True)
+    out = tmp_path / "export"
+    cli.main(["export", str(tmp_path / "run"), "--hf", "--out", str(out)])
+    assert {name: (out / name).read_text() for name in tokenizer_files} == tokenizer_files
+    import json
+
+    hf = json.loads((out / "config.json").read_text())
+    assert (hf["bos_token_id"], hf["eos_token_id"], hf["model_type"]) == (4, 5, "llama")
+    (out / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"already holds config.json, tokenizer.json, tokenizer_config.json, "
+                                         r"special_tokens_map.json, chat_template.jinja; export never replaces"):
+        cli.main(["export", str(tmp_path / "run"), "--hf", "--out", str(out)])

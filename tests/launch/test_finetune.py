@@ -1,13 +1,26 @@
-"""The README's fine-tune path (`make finetune`) on a few steps: launch/tiny_chat.py builds a Hugging
-Face folder and a chat JSONL here, and `--config tiny_chat_sft` fine-tunes it and samples a reply."""
+"""The README's fine-tune paths on a few steps: launch/tiny_chat.py builds a Hugging Face folder and a chat
+JSONL here; `--config tiny_chat_sft` (`make finetune`) fine-tunes the Qwen2 one and samples a reply, and the
+"Fine-tuning a Hugging Face folder" commands (`--config sft`, LoRA flags, `ckpt.py export --hf`) a Gemma one."""
 
 import json
+import pathlib
+import re
+import shlex
 
 import pytest
+import torch
 
+from ember.core import pytree
+from ember.core.checkpoint import CheckpointManager
 from ember.data import load_model_tokenizer
-from ember.launch import train
-from ember.launch.tiny_chat import build
+from ember.launch import ckpt, train
+from ember.launch.build import build_model as build_run_model
+from ember.launch.build import initial_state
+from ember.launch.init_from import check_init_from
+from ember.launch.run_config import parse_cli
+from ember.launch.tiny_chat import CHATML, build
+from ember.launch.tiny_chat import main as tiny_chat_main
+from ember.models import from_hf, to_lora
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +62,84 @@ def test_the_sft_path_fine_tunes_a_qwen3_moe_folder(tmp_path, capsys):
     evals = [r["eval_loss"] for r in history if "eval_loss" in r]
     assert evals[-1] < evals[0], evals
     assert all("moe_aux_loss" in r for r in history if "loss" in r)
+
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+FAST = ["--steps", "2", "--eval_every", "2", "--eval_batches", "1", "--log_every", "1", "--sample_tokens", "0",
+        "--backend", "eager", "--data.seq_len", "128", "--data.batch_size", "2"]
+"""Appended to the README's training commands: 2 eager steps on short windows (the flags as written still parse)."""
+
+
+def _readme_commands(title):
+    """The words of each command in the first bash block under the README heading `### title`."""
+    section = README.read_text().split(f"### {title}\n", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [shlex.split(line.split(" #")[0]) for line in block.splitlines() if line.startswith("python ")]
+
+
+@pytest.fixture(scope="module")
+def readme_runs(tmp_path_factory):
+    """The README's "Fine-tuning a Hugging Face folder" commands, run in order in an empty folder."""
+    root = tmp_path_factory.mktemp("readme")
+    histories, patch = {}, pytest.MonkeyPatch()
+    patch.chdir(root)
+    try:
+        for _, script, *argv in _readme_commands("Fine-tuning a Hugging Face folder"):
+            if script == "launch/tiny_chat.py":
+                tiny_chat_main(argv)
+            elif script == "launch/train.py":
+                histories[argv[argv.index("--out") + 1]] = train.main(argv + FAST)
+            else:
+                assert script == "launch/ckpt.py" and ckpt.main(argv) == argv[argv.index("--out") + 1]
+    finally:
+        patch.undo()
+    return root, histories
+
+
+def test_the_readme_fine_tunes_a_gemma_folder_with_the_generic_sft_config(readme_runs):
+    root, histories = readme_runs
+    saved = json.loads((root / "runs/sft_gemma/config.json").read_text())
+    assert saved["family"] == "gemma" and saved["model"]["__type__"] == "GemmaConfig"
+    assert saved["data"]["tokenizer_path"] == "runs/tiny_gemma/model" and saved["data"]["seq_len"] == 128
+    evals = [r["eval_loss"] for r in histories["runs/sft_gemma"] if "eval_loss" in r]
+    assert len(evals) == 2 and evals[-1] < evals[0], evals
+
+
+def test_the_readme_lora_run_exports_merged_weights_that_transformers_loads(readme_runs):
+    """The export holds base + (alpha / r) * B @ A: transformers' logits equal the LoRA model's, and the
+    tokenizer files and chat template of the folder the run started from came along."""
+    transformers = pytest.importorskip("transformers")
+    root, _ = readme_runs
+    folder, hf_dir = root / "runs/tiny_gemma/model", root / "runs/lora_gemma/hf"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (hf_dir / name).read_bytes() == (folder / name).read_bytes(), name
+    assert transformers.AutoTokenizer.from_pretrained(hf_dir).chat_template == CHATML
+    base, base_params = from_hf(folder)
+    model = to_lora(base, rank=8, alpha=16.0, targets=("wq", "wv"))
+    with CheckpointManager(root / "runs/lora_gemma/checkpoints", read_only=True) as saved:
+        params = saved.restore_params(like=model.param_shapes())
+    pytree.tree_map(lambda x, y: torch.testing.assert_close(x, y, rtol=0, atol=0), params["base"], base_params)
+    assert params["lora"]["blocks"][0]["attn"]["wq"]["weight"]["b"].abs().max() > 0  # the adapters trained
+    tokens = torch.randint(0, 320, (2, 24), generator=torch.Generator().manual_seed(0))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    with torch.no_grad():
+        theirs = reference(tokens).logits
+    torch.testing.assert_close(model.apply(params, tokens), theirs, rtol=0, atol=1e-4)
+    assert not torch.allclose(base.apply(base_params, tokens), theirs, atol=1e-4)  # the merge changed the model
+    again = parse_cli("sft", ["--init_from", str(root / "runs/lora_gemma")])  # a LoRA run starts another merged
+    assert again.family == "gemma" and again.lora.rank == 0
+    started = initial_state(again, build_run_model(again)).params
+    pytree.tree_map(lambda x, y: torch.testing.assert_close(x, y, rtol=0, atol=0), started, model.merged(params))
+
+
+def test_the_qwen2_sft_config_points_a_gemma_folder_at_config_sft(readme_runs):
+    root, _ = readme_runs
+    folder = str(root / "runs/tiny_gemma/model")
+    cfg = parse_cli("tiny_chat_sft", ["--init_from", folder])
+    with pytest.raises(ValueError, match=r"holds a gemma model and the run config a qwen2 one .*pass --config sft"):
+        check_init_from(folder, cfg.family, cfg.model, config_name="tiny_chat_sft")
+    with pytest.raises(ValueError, match=r"^this run config takes its model from the weights it starts from: pass "
+                                         r"--init_from FOLDER"):
+        parse_cli("sft", ["--data.path", "chat.jsonl"])
+    lora = parse_cli("sft", ["--init_from", folder, "--lora.rank", "4", "--model.scan_layers"])
+    assert (lora.family, lora.model.scan_layers, lora.lora.rank, lora.data.tokenizer_path) == ("gemma", True, 4, folder)

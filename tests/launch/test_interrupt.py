@@ -1,5 +1,6 @@
 """Ctrl-C and SIGTERM end a run after the current step: final checkpoint, metrics and plot kept, exit 130 / 143."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -12,13 +13,15 @@ import time
 import pytest
 
 from ember.launch.interrupt import GracefulStop, RunInterrupted
+from ember.launch.quiet import NOISE
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TRAIN = str(ROOT / "launch" / "train.py")
 # Fast, deterministic steps; a constant learning rate, so a shorter reference run has the same steps.
 TINY = ["--backend", "eager", "--model.n_layers", "1", "--data.batch_size", "4", "--data.seq_len", "32",
         "--log_every", "1", "--sample_tokens", "0", "--optim.schedule", "constant", "--data.max_bytes", "200000"]
-ENV = {k: v for k, v in os.environ.items() if k not in ("EMBER_DEBUG", "RANK", "WORLD_SIZE")}
+ENV = {**{k: v for k, v in os.environ.items() if k not in ("EMBER_DEBUG", "RANK", "WORLD_SIZE")},
+       "CUDA_VISIBLE_DEVICES": ""}  # the torchrun case starts 2 gloo ranks on the CPU, a GPU host too
 
 
 def _strict_rows(out):
@@ -105,17 +108,44 @@ def test_sigint_without_checkpoints_keeps_metrics_and_plot_and_says_how_to_resum
 
 
 @pytest.mark.slow
-def test_sigterm_under_torchrun_stops_every_rank_at_the_same_step_with_a_checkpoint(tmp_path):
+def test_ctrl_c_of_the_nproc_per_node_launcher_stops_every_rank_with_a_checkpoint_and_exits_130(tmp_path):
+    """Ctrl-C from a terminal reaches the launcher and its ranks (one process group): every rank stops after
+    the same step, rank 0 says where and how to resume, and the launcher exits 130 as one process does."""
     run = tmp_path / "run"
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
-    argv = ["--mesh", "dp=2", "--steps", "400", "--checkpoint_every", "10", "--out", str(run)]
-    _, _, err = _signal_after(_start([TRAIN, *argv], command=torchrun), run, 3, signal.SIGTERM)
-    # torchrun itself exits 1 on SIGTERM (its SignalException); the workers stop after the step they are in.
-    stopped = [line for line in err.splitlines() if line.startswith("stopped at step ")]
-    assert len(stopped) == 1 and "(SIGTERM): checkpoint saved at step" in stopped[0], err[-3000:]
-    step = int(stopped[0].split()[3])
+    argv = [TRAIN, "--nproc-per-node", "2", "--mesh", "dp=2", "--steps", "400", "--checkpoint_every", "10",
+            "--out", str(run), *TINY]
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**ENV, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (run / "metrics.jsonl").exists() and 3 in _losses(run):
+                break
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, err = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    step = _stopped_step(err)  # the last line: rank 0's, once
+    assert f"(SIGINT): checkpoint saved at step {step} in {run / 'checkpoints'}; continue with" in err
+    assert err.count("stopped at step ") == 1 and "Traceback" not in err and "error:" not in err, err[-3000:]
+    assert not any(noise in err for noise in NOISE), err[-3000:]
     assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())[-1] == step
     assert max(_losses(run)) == step
+
+
+def test_a_mistake_under_the_nproc_per_node_launcher_is_one_line_and_exit_2_before_any_rank_starts(tmp_path):
+    """8 experts do not split over ep=3: refused by the launcher itself, so no rank starts and no
+    torchrun-style failure report buries the line."""
+    proc = subprocess.run([sys.executable, TRAIN, "--nproc-per-node", "3", "--config", "qwen3_moe_tiny", "--mesh",
+                           "ep=3", "--out", str(tmp_path / "run"), *TINY], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr[-3000:]  # one line
+    assert proc.stderr.startswith("error: ") and "do not split evenly over ep=3" in proc.stderr
+    assert "precision:" not in proc.stdout and not (tmp_path / "run").exists()  # no rank printed or wrote
 
 
 @pytest.mark.slow

@@ -20,10 +20,11 @@ SHORT = ["--steps", "3", "--model.n_layers", "1", "--data.max_bytes", "300000", 
 
 def _env() -> dict:
     """This process's environment without torch_xla's variables (an earlier XLA test in the same
-    worker may have set them; `Mesh.parse` would then pick the XLA backend), one thread a rank."""
+    worker may have set them; `Mesh.parse` would then pick the XLA backend), one thread a rank, no GPU
+    (four ranks over gloo on the CPU, also on a host with fewer GPUs than ranks)."""
     xla = {"PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS"}
     return {**{k: v for k, v in os.environ.items() if k not in xla}, "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1"}
+            "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def _train(out: pathlib.Path, *prefix: str, mesh=()) -> list:

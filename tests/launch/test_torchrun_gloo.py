@@ -20,7 +20,7 @@ def test_fsdp_steps_under_torchrun_finish_without_a_heap_abort(tmp_path):
     """Before the gloo all-gather patch, this command aborted a worker in about every second run
     ('malloc(): unaligned tcache chunk detected' or SIGSEGV, at steps 2-40)."""
     env = {k: v for k, v in os.environ.items() if k not in {"PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS"}}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")  # gloo on the CPU, a GPU host too
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "launch" / "train.py"), *ARGS, "--out", str(tmp_path / "run")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not Non
 
 def _train(out: pathlib.Path, *prefix: str, args=()) -> list:
     xla = {"PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS"}  # an earlier XLA test may have set them
-    env = {**{k: v for k, v in os.environ.items() if k not in xla}, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k not in xla}, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "CUDA_VISIBLE_DEVICES": ""}  # four gloo ranks on the CPU, a GPU host too
     cmd = [*prefix, str(ROOT / "launch" / "train.py"), *SHORT, *args, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT, start_new_session=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]

@@ -45,7 +45,9 @@ MISTAKES = {
     "empty-corpus": (["--data.source", "text", "--data.path", "{root}/empty.txt"], r"empty.txt is empty \(0 bytes\)"),
     "too-short": (["--data.source", "text", "--data.path", "{root}/short.txt"], "needs at least 33 tokens"),
     "no-such-step": (["--resume_step", "7"], "--resume_step 7: no checkpoint for step 7 in .*saved steps: 2"),
-    "mesh-without-torchrun": (["--mesh", "dp=2"], "start it as `torchrun --nproc-per-node N"),
+    "mesh-without-torchrun": (["--mesh", "dp=2"], "start it as `python launch/train.py --nproc-per-node N --mesh dp=2"),
+    "cuda-graph-eager": (["--cuda_graph", "True"], "--cuda_graph True captures the Inductor-compiled step, but "
+                                                   "--backend eager compiles none; pass --backend inductor"),
 }
 
 

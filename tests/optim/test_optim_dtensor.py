@@ -64,6 +64,7 @@ SCRIPT = textwrap.dedent(
 
     if __name__ == "__main__":
         port, out_path, testlib_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the ranks run on the CPU, a GPU host too
         mp.spawn(worker, args=(2, port, out_path, testlib_dir), nprocs=2)
     """
 )

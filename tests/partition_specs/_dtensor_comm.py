@@ -71,6 +71,7 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     results = {}
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
     for world in MESHES:
         with tempfile.TemporaryDirectory() as out:
             mp.spawn(_worker, args=(world, out), nprocs=world)

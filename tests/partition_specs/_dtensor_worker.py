@@ -198,6 +198,7 @@ def main(argv=None) -> None:
 
     os.makedirs(args.out, exist_ok=True)
     meshes = [m for m in args.meshes.split(";") if m]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
     mp.spawn(_worker, args=(args.world, args.out, meshes, args.steps, args.compile), nprocs=args.world)
 
 

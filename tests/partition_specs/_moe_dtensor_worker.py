@@ -148,6 +148,7 @@ def main(argv=None) -> None:
 
     os.makedirs(args.out, exist_ok=True)
     meshes = [m for m in args.meshes.split(";") if m]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
     mp.start_processes(_worker, args=(args.world, args.out, meshes), nprocs=args.world, start_method="spawn")
 
 

@@ -112,6 +112,7 @@ if __name__ == "__main__":
     if kind == "dtensor":
         import torch.multiprocessing as mp
 
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
         mp.spawn(_dtensor_worker, args=(case_name, out_dir), nprocs=2)
     else:
         with open(os.path.join(out_dir, "results.json"), "w") as f:
