@@ -74,6 +74,8 @@ class TrainConfig:
     """On CUDA, float32 matmuls use TF32 tensor cores (torch.set_float32_matmul_precision("high")); False: full float32."""
     cuda_graph: bool = False
     """Replay the donated compiled step as one CUDA graph (inductor, one CUDA GPU; opt-in, see ember.core.jit)."""
+    deterministic: bool = True
+    """Compiled steps repeat bit for bit (inductor: deterministic kernels, see ember.core.jit); False: the fastest kernels."""
     backend: Literal["eager", "inductor", "xla"] = "inductor"
     """How the step is compiled (ember.core.jit)."""
     seed: int = 0

@@ -87,9 +87,11 @@ def train(cfg, model, sharding, args):
     if main_rank and cfg.backend != "xla":  # the SDPA kernel the step's attention runs on this device and dtype
         print(attention_kernel_report(model, state.params, seq_len=cfg.data.seq_len, device=device,
                                       dtype=build.compute_dtype(cfg)))
+    compiled = {"deterministic": cfg.deterministic} if cfg.backend == "inductor" else {}
     step = sharded.sharded(jit(build.step_fn(cfg, model), backend=cfg.backend, donate="state",
-                                   cuda_graph=cfg.cuda_graph), sharding, returns_state=True)
-    eval_one = sharded.sharded(jit(build.eval_fn(cfg, model), backend=cfg.backend), sharding, returns_state=False)
+                               cuda_graph=cfg.cuda_graph, **compiled), sharding, returns_state=True)
+    eval_one = sharded.sharded(jit(build.eval_fn(cfg, model), backend=cfg.backend, **compiled), sharding,
+                               returns_state=False)
     eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device)
     if args.resume_step is not None:  # the later steps move aside, so this run can save them again
         checkpointing.set_aside_steps_after(cfg, args.resume_step, main=main_rank)

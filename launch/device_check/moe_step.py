@@ -81,7 +81,8 @@ def main(argv=None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             timed = time_round_robin(variants, warmup=args.warmup, iters=args.iters)
-        peak, flops_per_token = matmul_peak(device, reps=args.peak_reps), 6 * active_params(c)
+        peak = matmul_peak(device, reps=args.peak_reps, dtype=getattr(torch, args.dtype))  # the dtype it computes in
+        flops_per_token = 6 * active_params(c)
         res.update(device=str(device), tokens_per_step=b * t, active_params=active_params(c),
                    peak_tflops=peak["flops"] / 1e12, n_experts=c.n_experts, experts_per_token=c.experts_per_token,
                    warnings=count_warnings(caught), variants={})

@@ -32,8 +32,14 @@ def test_mesh_help_and_tpu_pod_error_name_every_axis_the_layout_uses(capsys):
         assert f"axes {', '.join(MESH_ORDER)};" in text, text
 
 
+def native_families():
+    """Families whose config class is ember's own (a test may have registered one of its own before)."""
+    return [f for f in models.list_families()
+            if type(models.get_config(f, models.list_archs(f)[0])).__module__.startswith("ember.models.")]
+
+
 def test_readme_and_from_hf_name_every_native_family_and_each_has_an_hf_adapter():
-    families = models.list_families()
+    families = native_families()
     readme = (ROOT / "README.md").read_text()
     sentence = re.search(r"(\w+) families are native: (.*?)each with", readme, re.S)
     assert sentence and sentence.group(1) == NUMBERS[len(families)], sentence and sentence.group(0)

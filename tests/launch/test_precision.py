@@ -54,3 +54,20 @@ def test_on_a_gpu_auto_is_bf16_and_tf32_is_set_and_reported():
             check_cuda_graph(parse_cli("llama3_tiny", ["--cuda_graph", "True"]), sharding=object())
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+class _Built(Exception):
+    """Raised by the stand-in `jit` once the train step is built: the test needs no step to run."""
+
+
+@pytest.mark.parametrize("flags, expected", [([], True), (["--deterministic", "False"], False)])
+def test_deterministic_flag_reaches_the_compiled_step(monkeypatch, tmp_path, flags, expected):
+    from ember.launch import train
+
+    def built(fn, **kwargs):
+        raise _Built(kwargs)
+
+    monkeypatch.setattr(train, "jit", built)
+    with pytest.raises(_Built) as got:
+        train.main(["--model.n_layers", "1", "--data.max_bytes", "100000", "--out", str(tmp_path / "run"), *flags])
+    assert got.value.args[0]["deterministic"] is expected and got.value.args[0]["backend"] == "inductor"
