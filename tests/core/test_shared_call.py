@@ -110,6 +110,7 @@ def test_shared_remat_traces_one_layer_and_gives_the_plain_gradient(policy):
             x = f(p, x)
         return (x ** 2).sum()
 
+    torch.manual_seed(0)  # fixed inputs: an unlucky draw put one gradient element past the float32 tolerance
     params = {"embed": torch.randn(4, 4), "layers": [{"w": torch.randn(4, 4) / 2} for _ in range(6)]}
     x = torch.randn(3, 4)
     want = value_and_grad(loss)(params, x, layer)
