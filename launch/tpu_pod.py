@@ -46,9 +46,11 @@ def _simulate(argv, mesh_text):
     return subprocess.call([sys.executable, os.path.abspath(__file__), *argv], env=env)
 
 
-def _checkpoints_at_the_end(cfg):
-    """`cfg` with `--out` checkpointing at the end at least (as documented); without --out, as it is."""
-    if cfg.out is None or cfg.checkpoint_every >= 0:
+def _checkpoints_at_the_end(cfg, argv):
+    """`cfg` with `--out` checkpointing at the end at least (as documented); without --out (the run config's
+    own `out` included), as it is."""
+    given = any(a == "--out" or a.startswith("--out=") for a in argv)
+    if not given or cfg.out is None or cfg.checkpoint_every >= 0:
         return cfg
     print(f"checkpoints: at the end, in {cfg.out}/checkpoints (--checkpoint_every N also saves every N steps)")
     return dataclasses.replace(cfg, checkpoint_every=0)
@@ -78,7 +80,7 @@ def main(argv=None):
     from ember.launch.interrupt import GracefulStop
     from ember.launch.run_dir import claim_run_directory
 
-    cfg = _checkpoints_at_the_end(cli.read_config(args, overrides, description=__doc__, parser=p))
+    cfg = _checkpoints_at_the_end(cli.read_config(args, overrides, description=__doc__, parser=p), argv)
     say = print if xr.process_index() == 0 else (lambda *a, **k: None)
     with claim_run_directory(cfg.out if xr.process_index() == 0 else None, resume=args.resume), GracefulStop() as stop:
         return spmd_run.train(cfg, args, say=say, stop=stop)

@@ -94,9 +94,11 @@ def test_tpu_pod_out_without_checkpoint_every_checkpoints_at_the_end(capsys):
     from ember.launch import tpu_pod
     from ember.launch.run_config import get_config
 
-    cfg = tpu_pod._checkpoints_at_the_end(get_config("llama3_tiny").__class__(out="runs/pod"))
+    cfg = tpu_pod._checkpoints_at_the_end(get_config("llama3_tiny").__class__(out="runs/pod"), ["--out", "runs/pod"])
     assert cfg.checkpoint_every == 0 and "checkpoints: at the end, in runs/pod/checkpoints" in capsys.readouterr().out
-    assert tpu_pod._checkpoints_at_the_end(cfg.__class__(out=None)).checkpoint_every == -1
+    assert tpu_pod._checkpoints_at_the_end(cfg.__class__(out=None), []).checkpoint_every == -1
+    # the run config's own out (no --out given) writes nothing, as before
+    assert tpu_pod._checkpoints_at_the_end(cfg.__class__(out="runs/default"), []).checkpoint_every == -1
 
 
 def test_known_noise_is_filtered_at_its_source_and_other_lines_are_not(caplog):
