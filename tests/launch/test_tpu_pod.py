@@ -27,8 +27,10 @@ def _run(args, **env):
 
 
 @pytest.fixture(scope="module")
-def pod_run():
-    return _run(["--mesh", "dp=2,tp=2", *TINY])
+def pod_run(tmp_path_factory):
+    # its own --out: under xdist two workers may each run this fixture, and the run config's own out
+    # (runs/default) takes one run at a time
+    return _run(["--mesh", "dp=2,tp=2", *TINY, "--out", str(tmp_path_factory.mktemp("pod") / "run")])
 
 
 @pytest.mark.xla
