@@ -1,6 +1,7 @@
 """What the device-check stages share: the result line, the device, warning counts, tree digests.
 
-Public names: `emit`, `pick_device`, `sync`, `count_warnings`, `digest`, `RESULT_PREFIX`.
+Public names: `emit`, `count_warnings`, `digest`, `RESULT_PREFIX`. The device is `ember.core.device_for`'s;
+waiting for it is `ember.launch.benchmark.setup.sync`.
 """
 
 from __future__ import annotations
@@ -20,17 +21,6 @@ RESULT_PREFIX = "RESULT "
 def emit(stage: str, result: Dict[str, Any]) -> None:
     """Print `RESULT <stage> {json}` on one line: `summary` reads every such line back from the log."""
     print(f"{RESULT_PREFIX}{stage} {json.dumps(result, default=str)}", flush=True)
-
-
-def pick_device() -> torch.device:
-    """The first CUDA device if there is one, else the CPU (the check's CPU mode)."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device's queued work (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def count_warnings(caught: List[warnings.WarningMessage]) -> Dict[str, int]:

@@ -19,7 +19,9 @@ from typing import Any, Dict
 
 import torch
 
-from .common import emit, pick_device
+from ember.core import device_for
+
+from .common import emit
 
 PACKAGES = ("triton", "numpy", "jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "orbax-checkpoint",
             "tensorstore", "grain", "array-record", "portpicker", "tyro", "docstring-parser", "typeguard",
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--peak-reps", type=int, default=10, help="matmul tries; the best one is the peak")
     args = p.parse_args(argv)
-    device = pick_device()
+    device = device_for("inductor")
     res: Dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
                            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
                            "device": str(device)}

@@ -19,15 +19,16 @@ from typing import Any, Dict, List
 import torch
 
 from ember import optim
-from ember.core import TrainState, jit, random, to_device
+from ember.core import TrainState, device_for, jit, random, to_device
 from ember.core.step_fns import train_step
 from ember.launch.bench_moe import active_params
 from ember.launch.benchmark import Variant, matmul_peak, time_round_robin
+from ember.launch.benchmark.setup import sync
 from ember.launch.benchmark.timing import percentile
 from ember.launch.run_config import get_config as get_run_config
 from ember.models import build_model, count_params, get_config, lm_loss
 
-from .common import count_warnings, emit, pick_device, sync
+from .common import count_warnings, emit
 
 _SHARED = ("vocab_size", "max_seq_len", "n_layers", "n_heads", "n_kv_heads", "d_model", "attn_head_dim",
            "tie_embeddings")
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     res: Dict[str, Any] = {"torch": torch.__version__, "backend": args.backend, "dtype": args.dtype}
     try:
-        run_cfg, device, dtype = get_run_config(args.config), pick_device(), getattr(torch, args.dtype)
+        run_cfg, device, dtype = get_run_config(args.config), device_for("inductor"), getattr(torch, args.dtype)
         c = run_cfg.model if args.n_layers is None else run_cfg.model.replace(n_layers=args.n_layers)
         b, t = run_cfg.data.batch_size, run_cfg.data.seq_len
         tokens = random.randint(random.key(1234), (b, t + 1), 0, c.vocab_size).to(device)

@@ -22,12 +22,13 @@ from typing import Any, Dict
 
 import torch
 
-from ember.core import jit, random
+from ember.core import device_for, jit, random
 from ember.core.pytree import tree_leaves
 from ember.launch import build
+from ember.launch.benchmark.setup import sync
 from ember.launch.run_config import parse_cli
 
-from .common import count_warnings, digest, emit, pick_device, sync
+from .common import count_warnings, digest, emit
 
 
 def _run_twice(cfg: Any, model: Any, batch: Dict[str, torch.Tensor], device: torch.device, steps: int):
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     args, overrides = p.parse_known_args(argv)
     res: Dict[str, Any] = {"torch": torch.__version__}
     try:
-        cfg, device = parse_cli(args.config, overrides), pick_device()
+        cfg, device = parse_cli(args.config, overrides), device_for("inductor")
         model = build.build_model(cfg)
         res.update(device=str(device), backend=cfg.backend, compute_dtype=cfg.compute_dtype, steps=args.steps)
         tokens = random.randint(random.key(1234), (cfg.data.batch_size, cfg.data.seq_len + 1), 0, cfg.model.vocab_size)

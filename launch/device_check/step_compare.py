@@ -23,13 +23,14 @@ from typing import Any, Dict, List
 
 import torch
 
+from ember.core import device_for
 from ember.core.pytree import tree_leaves
 from ember.launch.benchmark import build_setup, build_variant, flops_per_token, matmul_peaks
 from ember.launch.benchmark.children import memory_peak
 from ember.launch.benchmark.timing import percentile
 from ember.launch.run_config import parse_cli
 
-from .common import emit, pick_device
+from .common import emit
 
 GIB = 2**30
 
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     res: Dict[str, Any] = {"phase": args.phase, "torch": torch.__version__, "config": args.config,
                            "overrides": overrides, "cache_files_at_start": _cache_files()}
     try:
-        cfg, device = parse_cli(args.config, overrides), pick_device()
+        cfg, device = parse_cli(args.config, overrides), device_for("inductor")
         s = build_setup(cfg, device=device)
         tokens = cfg.data.batch_size * cfg.data.seq_len
         res.update(device=str(device), gpu=torch.cuda.get_device_name() if device.type == "cuda" else None,
