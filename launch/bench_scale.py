@@ -14,6 +14,7 @@ compile time with depth and microbatches.
     python launch/bench_scale.py --bridged-checkpointing        # a transformers Llama, with and without checkpointing
     python launch/bench_scale.py --loss-memory --compile-depth 4,12,24 --markdown /tmp/scale.md
     python launch/bench_scale.py --compile-depth 4,24 --scan --baseline 88c41b5  # each row at a commit, then here
+    python launch/bench_scale.py --remat-memory none,full --set model.n_layers=2  # a run-config field, every row
 
 Every figure comes from its own fresh process (`--scan-steady` times its two variants side by side
 in one process per policy; otherwise an empty Inductor cache for compile times; glibc's
@@ -112,7 +113,8 @@ def _run_child(spec):
     if spec["what"] == "packed_attention":
         from ember.launch.benchmark.scaling import packed_attention_child
 
-        return packed_attention_child(seq_len=spec["seq_len"])
+        return packed_attention_child(seq_len=spec["seq_len"],
+                                      flags=[_flag(k, v) for k, v in spec.get("overrides", {}).items()])
     if spec["what"] == "grad_paths":
         from ember.launch.benchmark.grad_paths import grad_paths_child
         from ember.launch.run_config import parse_cli
@@ -148,8 +150,20 @@ def _run_child(spec):
     return {**compile_child(config, backend=spec["backend"]), **spec["overrides"]}
 
 
+def _set_overrides(pairs):
+    """`--set KEY=VALUE` pairs as run-config overrides ("true" / "false" become booleans)."""
+    overrides = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE (a run-config field, e.g. model.n_layers=2), got {pair!r}")
+        overrides[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return overrides
+
+
 def _shape_overrides(args):
-    return {**({"data.batch_size": args.batch} if args.batch else {}), **({"data.seq_len": args.seq} if args.seq else {})}
+    return {**args.overrides, **({"data.batch_size": args.batch} if args.batch else {}),
+            **({"data.seq_len": args.seq} if args.seq else {})}
 
 
 def remat_memory(args):
@@ -186,7 +200,7 @@ def scan_steady(args):
 
 
 def generate_speed(args):
-    r = _child(dict(what="generate", config=args.config, overrides={}, new_tokens=args.generate))
+    r = _child(dict(what="generate", config=args.config, overrides=args.overrides, new_tokens=args.generate))
     base = r["uncached"]["tokens_per_s"]
     rows = ["| generation | tokens/s | vs uncached | same tokens |", "|---|---:|---:|---|"]
     for name, label in (("uncached", "no cache (eager, whole prefix per token)"), ("cached_eager", "KV cache, eager"),
@@ -199,7 +213,7 @@ def generate_speed(args):
 
 
 def packed_attention(args):
-    r = _child(dict(what="packed_attention", seq_len=args.packed_attention))
+    r = _child(dict(what="packed_attention", seq_len=args.packed_attention, overrides=args.overrides))
     rows = ["| attention | fwd + bwd (ms) | vs unmasked |", "|---|---:|---:|"]
     for name, label in (("unmasked", "unmasked (causal)"), ("packed", "packed: segment mask through SDPA"),
                         ("packed_one_call", "packed, the mask in one SDPA call"),
@@ -294,7 +308,8 @@ def compile_scaling(args, field, values, label):
     first = {}
     for scan in ([False, True] if args.scan and field == "model.n_layers" else [False]):
         for v in values:
-            overrides = {field: v, "model.remat": args.remat, **({"model.scan_layers": True} if scan else {})}
+            overrides = {**args.overrides, field: v, "model.remat": args.remat,
+                         **({"model.scan_layers": True} if scan else {})}
             if field == "microbatches":
                 overrides["data.batch_size"] = max(values)
             for tree in TREES:
@@ -336,10 +351,16 @@ def main(argv=None):
                    help="also measure --compile-depth and --remat-memory with scan_layers=True; --grad-paths with it only")
     p.add_argument("--remat", default="none", help="remat policy of the model in the compile-time rows")
     p.add_argument("--config", default="llama3_tiny", help="registered run config for compile times")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a run-config override for every row of --config (repeatable), e.g. --set model.n_layers=2")
     p.add_argument("--backend", choices=["inductor", "xla"], default="inductor")
     p.add_argument("--markdown", help="also write the tables to this file")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    try:
+        args.overrides = _set_overrides(args.set)
+    except ValueError as err:
+        p.error(str(err))
     if args.child:
         print(TAG + json.dumps(_run_child(json.loads(args.child))), flush=True)
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Sequence
 
 import torch
 
@@ -157,7 +157,7 @@ def generate_child(config: Any, *, new_tokens: int, prompt_len: int = 16) -> Dic
 
 
 def packed_attention_child(*, seq_len: int, batch: int = 2, heads: int = 8, head_dim: int = 64, docs: int = 4,
-                           rounds: int = 5) -> Dict[str, Any]:
+                           rounds: int = 5, flags: Sequence[str] = ()) -> Dict[str, Any]:
     """Seconds of compiled attention forward + backward (`value_and_grad`, Inductor) at `seq_len`:
     unmasked causal, packed (`docs` documents a row: `dot_product_attention` with `segment_ids`, and
     the same mask in one SDPA call) and the dense fallback (scores, softmax, @ v, as
@@ -186,15 +186,16 @@ def packed_attention_child(*, seq_len: int, batch: int = 2, heads: int = 8, head
             fn((q, kk, v))
             times[name].append(time.perf_counter() - start)
     out = {name: sorted(t)[rounds // 2] for name, t in times.items()}
-    return {**out, **_packed_step_times(seq_len, docs=docs, rounds=rounds)}
+    return {**out, **_packed_step_times(seq_len, docs=docs, rounds=rounds, flags=flags)}
 
 
-def _packed_step_times(seq_len: int, *, docs: int, rounds: int) -> Dict[str, float]:
-    """Median seconds of `llama3_tiny`'s compiled train step at `seq_len`, batch 2: plain windows, and
-    the same tokens as `docs` packed documents a row (`segment_ids`, restarting `positions`)."""
+def _packed_step_times(seq_len: int, *, docs: int, rounds: int, flags: Sequence[str]) -> Dict[str, float]:
+    """Median seconds of `llama3_tiny`'s compiled train step (`flags`: run-config overrides) at `seq_len`,
+    batch 2: plain windows, and the same tokens as `docs` packed documents a row (`segment_ids`,
+    restarting `positions`)."""
     from ember.launch.run_config import parse_cli
 
-    config = parse_cli("llama3_tiny", [f"--data.seq_len={seq_len}", "--data.batch_size=2",
+    config = parse_cli("llama3_tiny", [*flags, f"--data.seq_len={seq_len}", "--data.batch_size=2",
                                        f"--model.max_seq_len={seq_len}"])
     step, state, batch = _step_and_inputs(config, backend="inductor", donate="state")
     doc = (torch.arange(seq_len) * docs // seq_len)[None].expand(2, seq_len)

@@ -29,6 +29,8 @@ from ember.core.checkpoint import CheckpointManager  # noqa: E402
 from ember.core.step_fns import train_step  # noqa: E402
 from ember.models import lm_loss  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("checkpoint_mesh")  # one worker runs the module: its shared fixture runs once
+
 # float32 sums over shards run in another order than on one device (measured below 2e-6).
 LOSS_ATOL = 1e-5
 PARAM_ATOL = 1e-5

@@ -16,6 +16,8 @@ import pytest
 
 from ember.core import xla as ember_xla
 
+pytestmark = pytest.mark.xdist_group("jit_xla")  # one worker runs the module: its shared fixture runs once
+
 SCRIPTS = pathlib.Path(__file__).parent / "_xla_scripts"
 STEPS = 20
 TOL = 1e-5  # float32: XLA fuses and reorders the same ops (observed diff ~6e-8)

@@ -16,6 +16,8 @@ from ember.launch.benchmark.torch_baseline import torch_variant
 from ember.launch.benchmark.variants import ember_variant
 from ember.launch.run_config import parse_cli
 
+pytestmark = pytest.mark.xdist_group("bench")  # one worker runs the module: its shared fixture runs once
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 SMALL = ["--model.n_layers", "1", "--data.batch_size", "4", "--data.seq_len", "32"]

@@ -18,6 +18,8 @@ import pytest
 
 from ember.launch.device_check import gpu_tests, summary
 
+pytestmark = pytest.mark.xdist_group("gpu_check")  # one worker runs the module: its shared fixture runs once
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 STAGES = ["env", "a", "c1", "t", "d", "b1"]  # one of each entry point; a2, c2 and b2 rerun a, c1 and b1's

@@ -13,6 +13,8 @@ import torch
 
 from ember.launch.metrics_log import read_metrics
 
+pytestmark = pytest.mark.xdist_group("torchrun")  # one worker runs the module: its shared fixture runs once
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHORT = ["--steps", "3", "--model.n_layers", "1", "--data.max_bytes", "300000", "--log_every", "1",
          "--eval_batches", "1", "--sample_tokens", "8"]

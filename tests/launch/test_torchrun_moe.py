@@ -21,8 +21,9 @@ STEPS = 4
 
 # The torch_xla environment (torch 2.9) runs the MoE launcher as tpu_pod.py (test_moe_xla.py) and DTensor
 # expert parallelism without the launcher (test_moe_dtensor.py); these launches run on 2.15 (make test).
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
-                                reason="the torch_xla environment tests the MoE launcher as tpu_pod.py")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
+                                 reason="the torch_xla environment tests the MoE launcher as tpu_pod.py"),
+              pytest.mark.xdist_group("torchrun_moe")]  # one worker runs the module: its reference runs once
 
 
 def _train(out: pathlib.Path, *prefix: str, args=()) -> list:

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("tpu_pod")  # one worker runs the module: its shared fixture runs once
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "launch" / "tpu_pod.py"
 TINY = ["--steps", "3", "--data.batch_size", "8", "--data.seq_len", "32", "--data.max_bytes", "300000",

@@ -20,6 +20,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _dtensor_worker as W  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("dtensor_matrix")  # one worker runs the module: its shared fixture runs once
+
 V, D, F, H, KV = W.LLAMA["vocab_size"], W.LLAMA["d_model"], W.LLAMA["ffn_dim"], W.LLAMA["n_heads"], W.LLAMA["n_kv_heads"]
 HD = D // H
 MESHES = {2: ["dp=2", "tp=2"], 4: ["fsdp=4", "dp=2,tp=2", "fsdp=2,tp=2"]}

@@ -21,6 +21,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _moe_dtensor_worker as W  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("moe_dtensor")  # one worker runs the module: its shared fixture runs once
+
 MESHES = {2: ["ep=2"], 4: ["ep=2,fsdp=2", "ep=2,tp=2"]}
 RUNS = [f"{m}/{c}" for ms in MESHES.values() for m in ms for c in W.CAPACITIES]
 E, I, D = W.MOE["n_experts"], W.MOE["moe_ffn_dim"], W.MOE["d_model"]

@@ -19,6 +19,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("moe_xla")  # one worker runs the module: its shared fixture runs once
+
 HERE = pathlib.Path(__file__).parent
 MESHES = {2: ["ep=2"], 4: ["ep=2,fsdp=2", "ep=2,tp=2"], 8: ["ep=4,fsdp=2"]}
 ALL_MESHES = [m for ms in MESHES.values() for m in ms]

@@ -28,6 +28,8 @@ from ember.core.partition_specs.xla import dcn_split, partition_tuple
 from ember.models import build_model
 from ember.optim import adamw
 
+pytestmark = pytest.mark.xdist_group("xla_matrix")  # one worker runs the module: its shared fixture runs once
+
 HERE = pathlib.Path(__file__).parent
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16)
 STEPS = 10

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("backends_parity")  # one worker runs the module: its shared fixture runs once
+
 SCRIPT = pathlib.Path(__file__).with_name("_backends_parity.py")
 
 
