@@ -4,7 +4,7 @@
 # and `make finetune`: full SFT of a small Hugging Face folder built locally, on a local chat JSONL.
 #
 # Two environments, one codebase:
-#   .venv      the newest torch (GPU / CPU users): train, bench, the whole suite without XLA tests
+#   .venv      the newest torch (GPU / CPU users): train, bench, the suite without the XLA tests (and `bench`)
 #   .venv-xla  torch 2.9.0 + torch_xla 2.9.0 (TPU users): every XLA test, and VERSION_TESTS
 #   .venv-mid  a release between the two (TORCH_MID): VERSION_TESTS
 PYTHON   ?= python3
@@ -35,7 +35,7 @@ PYTEST_ARGS ?=
 # The two torch lines with their CUDA wheels take ~15 GB; pip's wheel cache would add ~8 GB more
 # (a CI disk once filled up): the large installs skip it.
 
-.PHONY: install install-xla install-mid test test-latest test-xla test-mid train finetune bench clean
+.PHONY: install install-xla install-mid test test-latest test-xla test-mid test-bench train finetune bench clean
 
 $(VENV)/.ember-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,7 +65,11 @@ test: test-latest test-xla
 
 # XLA tests are deselected by marker here (pytest reports them as deselected, not skipped).
 test-latest: install
-	$(PY) -m pytest -m "not xla" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not xla and not bench" $(PYTEST_ARGS)
+
+# The benchmark scripts' sections end to end at tiny sizes (~20 min of CPU on two cores: not in `make test`).
+test-bench: install
+	$(PY) -m pytest -m bench $(PYTEST_ARGS)
 
 test-xla: install-xla
 	EMBER_REQUIRE_XLA=$(XLA_PLATFORM) $(PY_XLA) -m pytest -m xla $(PYTEST_ARGS)

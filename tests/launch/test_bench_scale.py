@@ -1,5 +1,8 @@
 """launch/bench_scale.py runs its sections in fresh processes and writes its tables (no time asserted).
 
+The section runs are marked `bench` (`make test-bench`; about 20 minutes of CPU on two cores, so
+`make test` leaves them out); its argument handling is tested in every run.
+
 The runs shrink `llama3_tiny` to 2 layers, batch 2 x 32 (`--set`: rows of one shape share graphs) and
 share one Inductor cache between their children (`TORCHINDUCTOR_CACHE_DIR`): the script's own fresh
 caches would make every row a cold compile.
@@ -21,7 +24,7 @@ def _env(tmp_path):
     return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_loss_memory_scan_generate_and_packed_sections_report(tmp_path):
     md = tmp_path / "scale.md"
     proc = subprocess.run(
@@ -71,7 +74,7 @@ def test_overrides_become_the_flags_the_run_config_parses():
     assert not parse_cli("llama3_tiny", [*flags, _flag("model.scan_layers", False)]).model.scan_layers
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
                     reason="the same script on both torch lines: its other sections' test covers the torch_xla line")
 def test_baseline_primitives_and_bridged_checkpointing_sections_report(tmp_path):
