@@ -29,6 +29,8 @@ MICROBATCHES = (1, 2)
 def seeds_for(backend):
     """Every seed eagerly; the first one compiled (the other seeds give the same graph, only new data)."""
     return SEEDS if backend == "eager" else SEEDS[:1]
+
+
 LLAMA = dict(vocab_size=96, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16)
 
 
