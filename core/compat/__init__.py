@@ -104,7 +104,8 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     Workaround("dynamo_counters", "access", "https://github.com/pytorch/pytorch/pull/185782",
                _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_traced_inductor_names_exist"),
     # A forward-only rolled loop (torch_xla's scan without its AOTAutograd backward), which the
-    # scan RFC plans to replace with torch's scan operator (pytorch/xla#8620).
+    # scan RFC plans to replace with torch's scan operator (pytorch/xla#8620). It traces again after
+    # a pending tensor's handle moved mid-lowering (pytorch/xla#8785; tests/core/test_xla_loop.py).
     Workaround("xla_while_loop", "access", "https://github.com/pytorch/xla/issues/8620",
                ("2.9", "2.9"), ("2.9",), "tests/step_fns/test_train_step_xla.py"),
     Workaround("torch_xla_internals", "access", "https://github.com/pytorch/xla/issues/9276",

@@ -15,6 +15,7 @@ from . import warn_once
 
 __all__ = ["inside_xla_fold", "xla_fold", "xla_scan"]
 
+_HANDLE_MOVED = "Parameter ID must exist for device data"
 _depth = [0]  # not thread-local: autograd may run the body's backward on its XLA device thread
 
 
@@ -43,6 +44,18 @@ def xla_scan(fn: Callable[[Any, Any], Tuple[Any, Any]], init: Any, xs: Any) -> O
         finally:
             _depth[0] -= 1
 
+    try:
+        return _scan_impl_pytree(body, init, xs)
+    except RuntimeError as err:
+        if _HANDLE_MOVED not in str(err):
+            raise
+    # A tensor the body reads was still being computed (the last step's outputs, an input sync)
+    # when the loop was lowered, and its buffer arrived before torch_xla looked it up again: a
+    # pending tensor's handle is its own address until then (pytorch/xla#8785). Seen once, in CI
+    # under load. With the device idle no handle moves, so the second trace finds them all.
+    import torch_xla.core.xla_model as xm
+
+    xm.wait_device_ops()
     return _scan_impl_pytree(body, init, xs)
 
 
