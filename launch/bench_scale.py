@@ -9,7 +9,7 @@ compile time with depth and microbatches.
     python launch/bench_scale.py --scan-steady none,full        # warm step time, unrolled vs scan_layers
     python launch/bench_scale.py --generate 256                 # tokens/s, KV cache vs none, 256 new tokens
     python launch/bench_scale.py --packed-attention 1024        # attention time: unmasked, packed, dense mask
-    python launch/bench_scale.py --torch-primitives             # torch's scan / checkpoint vs ember's, compiled
+    python launch/bench_scale.py --torch-primitives             # torch's checkpoint / SAC vs ember's remat, compiled
     python launch/bench_scale.py --grad-paths --config llama3_125m  # torch.autograd.grad vs torch.func.grad, one process
     python launch/bench_scale.py --bridged-checkpointing        # a transformers Llama, with and without checkpointing
     python launch/bench_scale.py --loss-memory --compile-depth 4,12,24 --markdown /tmp/scale.md
@@ -339,7 +339,7 @@ def main(argv=None):
     p.add_argument("--grad-paths", action="store_true",
                    help="the --config step with its gradient by torch.autograd.grad and by torch.func.grad, one process")
     p.add_argument("--torch-primitives", nargs="?", const="all",
-                   help="torch's scan / checkpoint against ember's inside the compiled step (comma-separated variants)")
+                   help="torch's checkpoint / SAC against ember's remat inside the compiled step (comma-separated variants)")
     p.add_argument("--bridged-checkpointing", action="store_true",
                    help="a bridged transformers Llama's compiled step memory with and without checkpointing")
     p.add_argument("--hf-layers", type=int, default=4, help="layers of the --bridged-checkpointing model")

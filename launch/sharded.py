@@ -20,11 +20,11 @@ from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ember.core.compat import torch_minor
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import (MESH_ORDER, Sharding, for_mesh, resolve_tree, shard, shard_batch,
                                         use_sharding)
 from ember.core.pytree import tree_map
+from ember.models.layers.moe import check_tensor_parallel
 
 
 def setup(mesh_text: Optional[str], *, nproc_per_node: Optional[int] = None) -> Optional[Sharding]:
@@ -50,11 +50,6 @@ def setup(mesh_text: Optional[str], *, nproc_per_node: Optional[int] = None) -> 
         )
     mesh = Mesh.parse(mesh_text or "dp=-1", devices=world, backend="dtensor").in_order(MESH_ORDER)
     return Sharding(mesh, for_mesh(mesh.names))
-
-
-_MOE_TP_FIRST_RIGHT = (2, 13)
-"""The first torch measured to compile a mixture of experts under tensor parallelism right on DTensor (2.9
-was wrong; 2.10-2.12 are unmeasured and refused)."""
 
 
 def _has_experts(axes: Any) -> bool:
@@ -85,21 +80,9 @@ def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, 
 
 
 def check_moe_tensor_parallel(backend: str, sharding: Union[Sharding, Mesh, None], model: Any) -> None:
-    """Refuse a compiled mixture of experts with `tp` on DTensor where torch computes it wrong.
-
-    torch 2.9's Inductor path over DTensor leaves collectives of the experts' tensor-parallel
-    matmuls unwaited: `--mesh tp=2` and `ep=2,tp=2` ran to losses off by 3.5e-4 at step 1 and
-    1.7e-2 at step 2, different every run. Eager is right, and so are 2.13 and 2.15.
-    """
-    mesh = getattr(sharding, "mesh", sharding)
-    tp = 1 if mesh is None else mesh.sizes().get("tp", 1)
-    if tp == 1 or backend != "inductor" or not callable(getattr(model, "auxiliary_loss", None)):
-        return
-    if tuple(int(v) for v in torch_minor().split(".")) < _MOE_TP_FIRST_RIGHT:
-        raise ValueError(
-            f"torch {torch.__version__} compiles a mixture of experts under tensor parallelism (tp={tp}) to a wrong "
-            f"step on DTensor (collectives left unwaited; measured on 2.9, right from 2.13): pass --backend eager, "
-            f"drop tp from --mesh, or use torch >= 2.13.")
+    """Before the run starts: what the model's MoE layers refuse when they are traced (`check_tensor_parallel`)."""
+    if callable(getattr(model, "auxiliary_loss", None)):
+        check_tensor_parallel(getattr(sharding, "mesh", sharding), compiled=backend == "inductor")
 
 
 def is_main() -> bool:

@@ -55,13 +55,23 @@ def _select_with_fresh_output(original: Any) -> Any:
     return select_strategy
 
 
+def mask_partial_class() -> type:
+    """DTensor's masked-partial placement: `_MaskPartial` in `_ops._embedding_ops` (2.9),
+    `MaskPartial` (2.10) then `_MaskPartial` (2.11 on) in `placement_types`."""
+    from torch.distributed.tensor import placement_types
+
+    found = getattr(placement_types, "_MaskPartial", None) or getattr(placement_types, "MaskPartial", None)
+    if found is None:
+        from torch.distributed.tensor._ops._embedding_ops import _MaskPartial as found
+    return found
+
+
 def _gather_without_mask_partial(original: Any) -> Any:
     def gather_strategy(op_schema: Any) -> Any:
-        from torch.distributed.tensor._ops._embedding_ops import _MaskPartial
-
+        mask_partial = mask_partial_class()
         strategy = original(op_schema)
         keep = [s for s in strategy.strategies
-                if not any(isinstance(p, _MaskPartial) for p in s.output_spec.placements)]
+                if not any(isinstance(p, mask_partial) for p in s.output_spec.placements)]
         if keep:
             strategy.strategies[:] = keep
         return strategy

@@ -1,27 +1,25 @@
-"""Handing graphs to Inductor: the traced-graph path (`make_fx` + `compile_fx`) and a counting backend.
+"""The private names behind ember's traced path (`make_fx` on fake tensors, then Inductor) and a counting backend.
 
 torch has no public API that takes an ATen graph traced outside Dynamo and compiles it with
 Inductor, nor one that counts the graphs a `torch.compile` backend receives (WORKAROUNDS entries
-`fake_tracing` and `dynamo_counters`). Everything ember needs for that is here.
+`fake_tracing` and `dynamo_counters`). `core/jit_backends/trace.py` composes these accessors.
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple
 
 import torch
 
 __all__ = [
     "CountingInductor",
-    "DataDependentError",
+    "compiling_in",
+    "data_dependent_errors",
     "dynamo_graph_count",
-    "trace_and_compile",
+    "fake_mode",
+    "trace_fx",
 ]
-
-
-class DataDependentError(RuntimeError):
-    """The traced function read a tensor's value; `str(err)` is the first line of torch's reason."""
 
 
 def _inductor_config_error(mode: Optional[str], options: Optional[Dict[str, Any]], err: Exception) -> str:
@@ -55,42 +53,43 @@ class CountingInductor(torch._TorchCompileInductorWrapper):
         return super().__call__(gm, example_inputs)
 
 
-def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
-                      compile: Optional[Callable[[torch.fx.GraphModule, Sequence[torch.Tensor]], Any]] = None) -> Any:
-    """`make_fx(fn)(*inputs)` on fake tensors, then `compile(gm, inputs)` (or `gm` when None).
+def data_dependent_errors() -> Tuple[type, ...]:
+    """What tracing raises when the traced function reads a tensor's value (`.item()`, `if t > 0`)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    One fake mode, owned here with a shape environment, serves tracing and compiling: torch's `scan`
-    and checkpoint operators trace their bodies in the caller's fake mode (a second one fails), and
-    Inductor resolves their sizes in the same environment; with it, Inductor's FX-graph and
-    AOTAutograd caches can key the graph (a second process loads it). Compiling gets a tracing
-    context of its own: on torch 2.9, lowering `invoke_subgraph` in the tracing context that traced
-    it reuses the undecomposed body ("both a fallback and a decomp"). `torch.compiler.is_compiling()`
-    is True while tracing.
+    return GuardOnDataDependentSymNode, DataDependentOutputException
 
-    Raises:
-        DataDependentError: `fn` read a tensor's value (`.item()`, `bool(t)`, `if t > 0`).
-    """
+
+def fake_mode() -> Any:
+    """A fake mode with a shape environment, for tracing and compiling one graph (see `trace_fx`)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+
+
+def trace_fx(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], mode: Any) -> torch.fx.GraphModule:
+    """`make_fx(fn)` on `inputs` made fake in `mode`, under a tracing context of `mode` and with
+    `torch.compiler.is_compiling()` True. torch's `scan` and checkpoint operators trace their bodies
+    in the caller's fake mode (a second one fails)."""
     from torch._guards import TracingContext, tracing
-    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
     try:
-        with tracing(TracingContext(fake_mode)), fake_mode:
-            fake_inputs = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
-            gm = make_fx(fn, tracing_mode="real", _allow_non_fake_inputs=True)(*fake_inputs)
-    except (GuardOnDataDependentSymNode, DataDependentOutputException) as err:
-        raise DataDependentError(str(err).splitlines()[0][:200]) from err
+        with tracing(TracingContext(mode)), mode:
+            fake_inputs = [mode.from_tensor(t, static_shapes=True) for t in inputs]
+            return make_fx(fn, tracing_mode="real", _allow_non_fake_inputs=True)(*fake_inputs)
     finally:
         torch.compiler._is_compiling_flag = before
-    if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
-        raise DataDependentError("a tensor was converted to a Python number")
-    if compile is None:
-        return gm
-    with tracing(TracingContext(fake_mode)):
-        return compile(gm, inputs)
+
+
+def compiling_in(mode: Any) -> ContextManager[Any]:
+    """A fresh tracing context of `mode`, for Inductor to compile a graph `trace_fx` traced in it."""
+    from torch._guards import TracingContext, tracing
+
+    return tracing(TracingContext(mode))
 
 
 def dynamo_graph_count() -> int:

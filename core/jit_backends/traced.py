@@ -32,12 +32,12 @@ from torch import Tensor
 from ..compat import compiling_with
 from ..compat.gloo_all_gather import gloo_all_gather_out
 from ..compat.pytree import spec_children
-from ..compat.inductor import DataDependentError, trace_and_compile
 from ..compat.inductor_batching import batched_cpu_kernels
 from ..compat.inductor_frees import frees_after_last_read
 from ..compat.inductor_isa import vec_isa_probe_memo
 from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
+from .trace import DataDependentError, trace_and_compile
 
 __all__ = ["FxCompiled"]
 

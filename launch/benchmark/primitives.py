@@ -1,12 +1,12 @@
-"""Child-process measurement for `launch/bench_scale.py --torch-primitives`: torch's own loop and
-checkpointing against ember's, inside ember's compiled step.
+"""Child-process measurement for `launch/bench_scale.py --torch-primitives`: torch's own checkpointing
+against ember's remat and rolled loop, inside ember's compiled step.
 
 Public names: `PRIMITIVES`, `primitives_child`.
 
 A stack of residual MLP blocks, stacked weights, gradient taken by `ember.core.transforms.value_and_grad`
 inside `jit(backend="inductor")`. Variants are `<loop>-<remat>`:
-- loop `unrolled` (a Python loop), `torch_scan` (torch's rolled loop operator) or `ember_scan`
-  (`ember.core.transforms.remat_scan`, the `ember::rolled_loop` op);
+- loop `unrolled` (a Python loop) or `ember_scan` (`ember.core.transforms.remat_scan`, the
+  `ember::rolled_loop` op); torch's own scan operator was measured here and dropped (BENCHMARKS.md);
 - remat `none`, `ember` (`ember.core.transforms.remat`, policy full), `ember_dots` (dots_saveable),
   `checkpoint` (`torch.utils.checkpoint`, non-reentrant) or `sac_dots` (the same with a selective
   policy keeping matmul outputs).
@@ -22,13 +22,12 @@ from typing import Any, Callable, Dict
 import torch
 
 from ember.core import jit
-from ember.core.compat.torch_scan import torch_scan
 from ember.core.transforms import remat, remat_scan, value_and_grad
 
 from .children import memory_peak
 
 PRIMITIVES = ("unrolled-none", "unrolled-ember", "unrolled-checkpoint", "unrolled-ember_dots", "unrolled-sac_dots",
-              "torch_scan-none", "torch_scan-ember", "torch_scan-checkpoint", "ember_scan-none", "ember_scan-ember")
+              "ember_scan-none", "ember_scan-ember")
 
 
 def _block(w1: torch.Tensor, w2: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -61,9 +60,7 @@ def _loss(variant: str, layers: int) -> Callable[..., torch.Tensor]:
         return y, y.new_zeros(())
 
     def loss(p: Dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        if loop == "torch_scan":
-            x, _ = torch_scan(body, x, (p["w1"], p["w2"]))
-        elif loop == "ember_scan":
+        if loop == "ember_scan":
             x = remat_scan(lambda h, w, _: _block(w[0], w[1], h), x, (p["w1"], p["w2"]),
                            policy="full" if how == "ember" else "none")
         else:

@@ -31,7 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...core.partition_specs import constrain
+from ...core.compat import refuse_where_gated
+from ...core.mesh import Mesh
+from ...core.partition_specs import constrain, current_sharding
 from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from . import initializers as inits
@@ -40,7 +42,7 @@ from .moe_router import Router, bias_signal
 from .module import Module
 from .param import Param
 
-__all__ = ["MoE", "RouterStats", "empty_router_stats", "router_losses"]
+__all__ = ["MoE", "RouterStats", "check_tensor_parallel", "empty_router_stats", "router_losses"]
 
 RouterStats = Dict[str, Tensor]
 """Sums over tokens and MoE layers, all float32: `counts` (E,) routed pairs per expert, `probs` (E,)
@@ -50,6 +52,17 @@ expert's load over the mean (the maximum over layers), `bias` the zero-valued bi
 
 _BUFFER_BY_GROUP = ("batch", None, None, "embed")  # (G, E, C, d) as the tokens arrive: split by sequence
 _BUFFER_BY_EXPERT = ("batch_no_expert", "expert", None, "embed")  # each device holds its experts' slots
+
+
+def check_tensor_parallel(mesh: Optional[Mesh], *, compiled: bool) -> None:
+    """Refuse a compiled mixture of experts under `tp` on DTensor where torch computes it wrong
+    (`WORKAROUNDS["moe_tensor_parallel"]`). Eager is right on every release, and so is torch_xla."""
+    tp = 1 if mesh is None else mesh.sizes().get("tp", 1)
+    if compiled and tp > 1 and mesh.backend == "dtensor":
+        refuse_where_gated("moe_tensor_parallel", (
+            f"torch {torch.__version__} compiles a mixture of experts under tensor parallelism (tp={tp}) to a "
+            f"wrong step on DTensor (collectives left unwaited; measured on 2.9 and 2.10, right from 2.11): run "
+            f"it uncompiled (--backend eager, jit(backend='eager')), drop tp from the mesh, or use torch >= 2.11."))
 
 
 def empty_router_stats(n_experts: int, device: Any = None) -> RouterStats:
@@ -137,6 +150,9 @@ class MoE(Module):
               **kwargs: Any) -> Tuple[Tensor, RouterStats]:
         """Args: x: (B, T, d); `attention_mask` (B, T) in kwargs leaves padding out of the stats.
         Returns: `(y (B, T, d), stats)`."""
+        sharding = current_sharding()
+        if sharding is not None:
+            check_tensor_parallel(sharding.mesh, compiled=torch.compiler.is_compiling())
         B, T, d = x.shape
         E, k = self.n_experts, self.router.top_k
         routing = self.call("router", params, x.reshape(B * T, d), **kwargs)

@@ -64,33 +64,3 @@ def test_an_argument_already_requiring_grad_stays_differentiable_by_outer_autogr
     g = grad(lambda w: (w**2).sum())(w)  # 2w, recorded for the outer backward
     (g.sum()).backward()
     torch.testing.assert_close(w.grad, torch.tensor([2.0, 2.0]))
-
-
-def test_torch_scan_gradient_is_exact_from_2_13():
-    # torch's scan differentiates under ember's grad (not under torch.func.grad, pytorch#172568). Its
-    # gradients were measured wrong on torch 2.9 (every layer but the last) and exact on 2.13 to 2.15.
-    from ember.core.compat import measured_here, torch_minor
-    from ember.core.compat.torch_scan import torch_scan
-
-    if not measured_here("torch_scan"):
-        pytest.skip(f"torch {torch_minor()}: torch's scan gradient was not measured on this release")
-
-    g = torch.Generator().manual_seed(0)
-    ws, x = torch.randn(4, 8, 8, generator=g) / 3, torch.randn(2, 8, generator=g)
-
-    def body(h, w):
-        h = torch.tanh(h @ w)
-        return h, h.new_zeros(())
-
-    def looped(ws):
-        h = x
-        for i in range(len(ws)):
-            h, _ = body(h, ws[i])
-        return h.square().sum()
-
-    got = grad(lambda ws: torch_scan(body, x, ws)[0].square().sum())(ws)
-    want = grad(looped)(ws)
-    if torch_minor() == "2.9":
-        assert not torch.allclose(got, want, atol=1e-6), "torch 2.9's scan gradient is right now: update the note"
-    else:
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

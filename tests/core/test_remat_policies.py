@@ -41,7 +41,7 @@ def _loss(policy):
 
 def _traced_ops(policy):
     """aten op counts of the traced gradient, after dead code is removed (what Inductor receives)."""
-    from ember.core.compat.inductor import trace_and_compile
+    from ember.core.jit_backends.trace import trace_and_compile
 
     p, x = _case()
     gm = trace_and_compile(lambda p1, p2, x: value_and_grad(_loss(policy))({"w1": p1, "w2": p2}, x),

@@ -70,7 +70,7 @@ def test_a_checkpointed_hf_model_trains_compiled_like_eager():
 def test_the_traced_step_recomputes_the_checkpointed_layers():
     # What lowers the compiled step's memory (0.53x at 4 layers, BENCHMARKS.md "One compile path"):
     # the backward in the traced graph runs each checkpointed layer's forward matmuls again.
-    from ember.core.compat.inductor import trace_and_compile
+    from ember.core.jit_backends.trace import trace_and_compile
     from ember.core.pytree import tree_flatten, tree_unflatten
 
     def matmuls(checkpointing: bool) -> int:

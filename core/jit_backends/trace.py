@@ -1,0 +1,45 @@
+"""`trace_and_compile`: the traced path's heart, `make_fx` on fake tensors, then a compiler (Inductor).
+
+One fake mode, with a shape environment, serves tracing and compiling: torch's `scan` and checkpoint
+operators trace their bodies in the caller's fake mode, and Inductor resolves their sizes in the same
+environment; with it, Inductor's FX-graph and AOTAutograd caches can key the graph (a second process
+loads it). Compiling gets a tracing context of its own: on torch 2.9, lowering `invoke_subgraph` in
+the tracing context that traced it reuses the undecomposed body ("both a fallback and a decomp").
+The private names it needs are reached through `core/compat/inductor.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from ..compat.inductor import compiling_in, data_dependent_errors, fake_mode, trace_fx
+
+__all__ = ["DataDependentError", "trace_and_compile"]
+
+
+class DataDependentError(RuntimeError):
+    """The traced function read a tensor's value; `str(err)` is the first line of torch's reason."""
+
+
+def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
+                      compile: Optional[Callable[[torch.fx.GraphModule, Sequence[torch.Tensor]], Any]] = None) -> Any:
+    """`make_fx(fn)(*inputs)` on fake tensors, then `compile(gm, inputs)` (or `gm` when None).
+
+    `torch.compiler.is_compiling()` is True while tracing.
+
+    Raises:
+        DataDependentError: `fn` read a tensor's value (`.item()`, `bool(t)`, `if t > 0`).
+    """
+    mode = fake_mode()
+    try:
+        gm = trace_fx(fn, inputs, mode)
+    except data_dependent_errors() as err:
+        raise DataDependentError(str(err).splitlines()[0][:200]) from err
+    if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
+        raise DataDependentError("a tensor was converted to a Python number")
+    if compile is None:
+        return gm
+    with compiling_in(mode):
+        return compile(gm, inputs)
