@@ -27,8 +27,8 @@ How it works:
   tensors) instead of recomputing them.
 - `shared=True`: in the compiled step every call runs one compiled forward and one compiled
   backward (`shared_call`), so a stack of identical layers compiles like one.
-- Under Dynamo the block goes through `torch.utils.checkpoint` on torch 2.9 and runs plainly from
-  2.10 on (2.15 fails on the checkpoint op under `torch.func.grad`): same gradients, no saving.
+- Under Dynamo the block runs plainly (torch's checkpoint operator fails there under
+  `torch.func.grad` from 2.10 on, and 2.9 ignored its tags): same gradients, no saving.
   On torch_xla the eager path runs, with an optimization barrier against merging. Forward mode
   (`torch.func.jvp`) works; `torch.autograd.forward_ad` does not (no nested forward AD).
 
@@ -58,7 +58,6 @@ import types
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.utils.checkpoint
 from torch import Tensor
 
 from .compat import functorch as _levels
@@ -70,12 +69,6 @@ from .shared_call import shared_call
 from .types import PyTree
 
 __all__ = ["remat"]
-
-# torch 2.15's Inductor runs the checkpoint HOP's saved-tensor hooks under torch.func.grad and
-# fails ("don't yet support saved tensor hooks"); 2.9 ignored the tags there (no memory saved
-# either way). Under Dynamo on those versions the block is called plainly.
-_CHECKPOINT_FAILS_UNDER_COMPILED_FUNC_GRAD = torch.__version__ >= "2.10"
-
 
 def _differentiable(t: Tensor) -> bool:
     return t.is_floating_point() or t.is_complex()
@@ -364,11 +357,9 @@ def remat(
         if plain and not sharing(under_transforms=True):  # the autograd.Function runs below them
             return fn(*args, **kwargs)
         if torch.compiler.is_dynamo_compiling():
-            if _CHECKPOINT_FAILS_UNDER_COMPILED_FUNC_GRAD:
-                return call(tensors)
-            return torch.utils.checkpoint.checkpoint(
-                lambda *ts: call(ts), *tensors, use_reentrant=False, preserve_rng_state=False
-            )
+            # Plainly: torch's checkpoint operator under Dynamo fails inside torch.func.grad from 2.10
+            # on ("don't yet support saved tensor hooks"), and 2.9 ignored its tags (no memory saved).
+            return call(tensors)
         key = None
         if share is not None and not static_pos:  # static arguments are objects: they cannot key a body
             key = (repr(spec), tuple(consts))
