@@ -11,7 +11,8 @@ list of names, or `all`) does not name them. A patch that fails is dropped with 
 the plain path runs (`compiling_with`). Entries of kind "access" only read a private name that
 has no public equivalent yet; where that name is gone they fall back or say what is missing.
 Entries of kind "refusal" stop a computation torch gets wrong inside their range, wherever ember
-meets it, with an error naming the fix (`refuse_where_gated`); `EMBER_DISABLE_PATCHES` lifts them.
+meets it, with an error naming the fix (`refuse_where_gated`); naming one in `EMBER_DISABLE_PATCHES`
+lifts it (`all` does not).
 """
 
 from __future__ import annotations
@@ -176,14 +177,18 @@ _failed: set = set()  # patches that broke a compile in this process
 
 def patch_enabled(name: str) -> bool:
     """Whether patch `name` runs here: this torch in its range, not disabled, not failed before."""
-    disabled = {n.strip() for n in os.environ.get("EMBER_DISABLE_PATCHES", "").split(",")}
-    return gated_on(name) and name not in _failed and not disabled & {name, "all"}
+    return gated_on(name) and name not in _failed and not _disabled() & {name, "all"}
 
 
 def refuse_where_gated(name: str, message: str) -> None:
-    """Raise `ValueError(message)` where refusal `name` is on: its range holds this torch, not disabled."""
-    if patch_enabled(name):
+    """Raise `ValueError(message)` where refusal `name` is on: its range holds this torch and
+    `EMBER_DISABLE_PATCHES` does not name it (`all` lifts patches, never a refusal)."""
+    if gated_on(name) and name not in _disabled():
         raise ValueError(message)
+
+
+def _disabled() -> set:
+    return {n.strip() for n in os.environ.get("EMBER_DISABLE_PATCHES", "").split(",")}
 
 
 def compiling_with(patches: Sequence[Tuple[str, Callable[[], ContextManager]]],

@@ -94,5 +94,8 @@ def test_compiled_moe_under_tensor_parallelism_is_refused_where_gated(monkeypatc
         model.apply(params, tokens)  # eager: right
         with pytest.raises(ValueError, match=message):
             jit(model.apply)(params, tokens)  # a library user's compiled forward
+        monkeypatch.setenv("EMBER_DISABLE_PATCHES", "all")  # lifts patches, not a refusal
+        with pytest.raises(ValueError, match=message):
+            check_moe_tensor_parallel("inductor", tp, model)
         monkeypatch.setenv("EMBER_DISABLE_PATCHES", "moe_tensor_parallel")
         check_moe_tensor_parallel("inductor", tp, model)  # lifted by name
