@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .pytree import tree_flatten, tree_map, tree_unflatten
 
-__all__ = ["autograd_value_and_grad", "held_through_backward"]
+__all__ = ["autograd_value_and_grad", "held_through_backward", "pull_back", "run_differentiated"]
 
 # How many autograd-path gradients enclose this one (trace-time bookkeeping, not step state).
 _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("ember_autograd_grad_depth", default=0)
@@ -96,3 +96,39 @@ def autograd_value_and_grad(fn: Callable, indices: Sequence[int], has_aux: bool,
     if not nested:
         out, grads = _detached(out), _detached(grads)
     return out, grads
+
+
+def _inputs_for(primals: Sequence[Tensor], create_graph: bool) -> List[Tensor]:
+    """Leaves that require grad standing for `primals`; connected to them when recording (`create_graph`)."""
+    return [p.view_as(p) if create_graph and p.requires_grad else p.detach().requires_grad_(True) for p in primals]
+
+
+def run_differentiated(fn: Callable[..., Any], primals: Sequence[Tensor]) -> Any:
+    """`fn(*primals)` run as a backward would run it (inputs that require grad), results detached.
+
+    An op's decomposition may depend on whether its inputs are differentiated (SDPA, matmul): a
+    forward that records results for `pull_back` to replay must see the ops the backward will.
+    """
+    with torch.enable_grad():
+        out = fn(*_inputs_for(primals, create_graph=False))
+    return _detached(out)
+
+
+def pull_back(fn: Callable[..., Sequence[Tensor]], primals: Sequence[Tensor],
+              cotangents: Sequence[Optional[Tensor]]) -> List[Tensor]:
+    """The gradient of `sum_j <fn(*primals)[j], cotangents[j]>` for each primal, by `torch.autograd.grad`.
+
+    The vector-Jacobian product a recomputing backward (remat) takes: `fn` runs again here on
+    leaves standing for `primals`. A `None` cotangent, or an output that does not depend on the
+    primals, contributes nothing; a primal nothing depends on gets zeros. Under grad mode (a backward
+    run with `create_graph`, grad of grad) the result is recorded and differentiable in turn.
+    """
+    create = torch.is_grad_enabled()
+    inputs = _inputs_for(primals, create)
+    with torch.enable_grad():
+        outs = fn(*inputs)
+    pairs = [(o, g) for o, g in zip(outs, cotangents) if g is not None and o.requires_grad]
+    if not pairs:
+        return [torch.zeros_like(p) for p in primals]
+    return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True,
+                                    materialize_grads=True, create_graph=create))

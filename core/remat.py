@@ -1,4 +1,4 @@
-"""Activation checkpointing (rematerialisation) that composes with `torch.func` transforms.
+"""Activation checkpointing (rematerialisation) on the autograd engine that ember's `grad` uses.
 
 Public names: `remat` (also exported from `ember.core.transforms`).
 
@@ -9,28 +9,25 @@ cost of one more forward per block.
 
 How it works:
 
-- Eagerly the block runs inside a custom `torch.autograd.Function` (setup_context style, so
-  functorch accepts it) that saves only the block's tensor inputs and, in backward, recomputes
-  the block under `torch.func.vjp`. Not `torch.utils.checkpoint`: it differentiates under ember's
-  `grad` (not under `torch.func.grad`), but in the compiled step its selective policies only tag
-  the traced nodes and its plain recomputation keeps most activations (BENCHMARKS.md, "One compile
-  path").
-- `torch.func.grad` runs its backward with `create_graph=True`, so every op of the backward is
-  also recorded at the grad's own level and its tensors stay alive until the whole gradient is
-  done. remat's backward therefore recomputes one level down, where nothing is recorded for that
-  level but outer levels still are (grad of grad stays exact; `tests/core/remat_memory.py`).
+- The block runs inside a custom `torch.autograd.Function` that saves only the block's tensor
+  inputs (and what a policy keeps) and, in backward, recomputes the block and pulls the incoming
+  gradient back with `torch.autograd.grad` (`autograd_grad.pull_back`), the engine of ember's
+  `grad`. Grad of grad stays exact: a backward run with `create_graph` records the recomputation.
+  Not `torch.utils.checkpoint`: in the compiled step its selective policies only tag the traced
+  nodes and its plain recomputation keeps most activations (BENCHMARKS.md, "One compile path").
 - Compiled by `ember.core.jit` (the step traced with `make_fx`, gradient inside): the
   recomputation is part of the traced graph, tied to the incoming gradient by a barrier
   (`remat_barrier.py`) so that neither common-subexpression elimination nor the scheduler folds
-  it back into the forward (BENCHMARKS.md, "How the step scales").
+  it back into the forward (BENCHMARKS.md, "How the step scales"). On torch_xla the barrier is
+  torch_xla's optimization barrier.
 - Policies (`policy=`, see `remat_policies.py`) keep chosen results (matmul outputs, tagged
   tensors) instead of recomputing them.
 - `shared=True`: in the compiled step every call runs one compiled forward and one compiled
   backward (`shared_call`), so a stack of identical layers compiles like one.
-- Under Dynamo the block runs plainly (torch's checkpoint operator fails there under
-  `torch.func.grad` from 2.10 on, and 2.9 ignored its tags): same gradients, no saving.
-  On torch_xla the eager path runs, with an optimization barrier against merging. Forward mode
-  (`torch.func.jvp`) works; `torch.autograd.forward_ad` does not (no nested forward AD).
+- Inside a `torch.func` transform (`vmap`, `jvp`, `jacfwd`, a user's `torch.func.grad`) and under
+  Dynamo (a user's `torch.compile`) the block runs plainly: the same values and gradients, nothing
+  saved. Those transforms differentiate with their own engine, which does not run a recomputing
+  backward without keeping what it recomputes (BENCHMARKS.md, "One gradient engine").
 
 Inputs are pytrees (a params dict next to activations). Every floating-point tensor leaf gets a
 gradient; integer tensors (RNG keys, token ids) and non-tensor leaves pass through. Arguments
@@ -60,7 +57,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .compat import functorch as _levels
+from .autograd_grad import pull_back
+from .compat.functorch import any_transform_active
 from .compat.shared_subgraph import sharing
 from .pytree import tree_flatten, tree_unflatten
 from .remat_barrier import tie_to_gradient
@@ -148,13 +146,11 @@ class _Shared:
 
     def _backward(self, saved: List[Tensor], grad_outputs: List[Optional[Tensor]], needs: Tuple[bool, ...],
                   key: Any) -> List[Optional[Tensor]]:
-        return _recompute_vjp_here(self.plan, saved, grad_outputs, needs)
+        return _recompute_here(self.plan, saved, grad_outputs, needs)
 
 
 class _RematFunction(torch.autograd.Function):
-    """Saves only the block's inputs; backward recomputes the block under `torch.func.vjp`."""
-
-    generate_vmap_rule = True
+    """Saves only the block's inputs; backward recomputes the block and pulls the gradient back."""
 
     @staticmethod
     def forward(plan: _Plan, *tensors: Tensor) -> Tuple[Tensor, ...]:
@@ -174,49 +170,22 @@ class _RematFunction(torch.autograd.Function):
         plan, *tensors = inputs
         ctx.plan = plan
         ctx.save_for_backward(*tensors, *plan.kept)
-        ctx.save_for_forward(*tensors)
         nondiff = [t for t in output if not _differentiable(t)]
         if nondiff:
             ctx.mark_non_differentiable(*nondiff)
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
-        needs = ctx.needs_input_grad[1:]
-        grads = _levels.backward_one_level_down(
-            ctx.saved_tensors, grad_outputs, lambda saved, gs: _recompute_vjp(ctx.plan, saved, gs, needs))
-        return (None, *grads)
-
-    @staticmethod
-    def jvp(ctx: Any, _plan_tangent: None, *tangents: Optional[Tensor]) -> Tuple[Tensor, ...]:
-        # Forward mode (`torch.func.jvp`, `jacfwd`) has nothing to save: push the tangents
-        # through the block once more.
-        plan: _Plan = ctx.plan
-        primals = ctx.saved_tensors[: len(tangents)]
-        tangents = tuple(
-            torch.zeros_like(p) if t is None or not _differentiable(p) else t
-            for p, t in zip(primals, tangents)
-        )
-        diff_in = [i for i, p in enumerate(primals) if _differentiable(p)]
-
-        def run(*diff: Tensor) -> Tuple[Tensor, ...]:
-            tensors = list(primals)
-            for i, t in zip(diff_in, diff):
-                tensors[i] = t
-            return plan.run(tensors)
-
-        _, out_tangents = torch.func.jvp(
-            run, tuple(primals[i] for i in diff_in), tuple(tangents[i] for i in diff_in)
-        )
-        return out_tangents
+        return (None, *_recompute(ctx.plan, ctx.saved_tensors, grad_outputs, ctx.needs_input_grad[1:]))
 
 
-def _recompute_vjp(
+def _recompute(
     plan: _Plan,
     saved: Sequence[Tensor],
     grad_outputs: Sequence[Optional[Tensor]],
     needs: Sequence[bool],
 ) -> List[Optional[Tensor]]:
-    """Re-run the block on `saved` under `torch.func.vjp` and pull `grad_outputs` back.
+    """Re-run the block on `saved` and pull `grad_outputs` back to its inputs.
 
     `saved` is the block's inputs followed by what the policy kept, which the recomputation takes
     back instead of running those ops again.
@@ -225,10 +194,10 @@ def _recompute_vjp(
         plan.shared.plan = plan
         return shared_call(plan.shared.backward, plan.shared.name + ".backward", list(saved),
                            list(grad_outputs), tuple(bool(n) for n in needs), plan.key)
-    return _recompute_vjp_here(plan, saved, grad_outputs, needs)
+    return _recompute_here(plan, saved, grad_outputs, needs)
 
 
-def _recompute_vjp_here(
+def _recompute_here(
     plan: _Plan,
     saved: Sequence[Tensor],
     grad_outputs: Sequence[Optional[Tensor]],
@@ -238,21 +207,17 @@ def _recompute_vjp_here(
     replay = Replay(unflatten_saved(*plan.kept_layout, kept)) if kept else contextlib.nullcontext()
     diff_in = [i for i, t in enumerate(saved) if needs[i] and _differentiable(t)]
 
-    def recompute(*diff_tensors: Tensor) -> Tuple[Tensor, ...]:
+    def recompute(*diff_tensors: Tensor) -> List[Tensor]:
         tensors = list(saved)
         for i, t in zip(diff_in, diff_tensors):
             tensors[i] = t
         with replay:
             outs = plan.run(tensors)
-        return tuple(outs[j] for j in plan.diff_out)
+        return [outs[j] for j in plan.diff_out]
 
-    outs, vjp_fn = torch.func.vjp(recompute, *(saved[i] for i in diff_in))
-    cotangents = tuple(
-        torch.zeros_like(o) if g is None else g
-        for o, g in zip(outs, (grad_outputs[j] for j in plan.diff_out))
-    )
+    pulled = pull_back(recompute, [saved[i] for i in diff_in], [grad_outputs[j] for j in plan.diff_out])
     grads: List[Optional[Tensor]] = [None] * len(saved)
-    for i, g in zip(diff_in, vjp_fn(cotangents)):
+    for i, g in zip(diff_in, pulled):
         grads[i] = g
     return grads
 
@@ -279,9 +244,9 @@ def remat(
 ) -> Callable:
     """Wrap `fn` so its activations are recomputed in the backward pass instead of stored.
 
-    Works eagerly with ordinary autograd, nested in `grad` / `value_and_grad` / `vmap`
-    (any depth), inside `scan`, and under `torch.compile(fullgraph=True)` (see the module
-    docstring for what compiling changes about memory).
+    Saves memory eagerly with ordinary autograd, nested in `grad` / `value_and_grad` (any depth),
+    inside `scan`, in `jit`'s step and on torch_xla; inside `vmap` / `torch.func` transforms and
+    under `torch.compile` it is a plain call (see the module docstring).
 
     Args:
         fn: a pure function of pytrees of tensors; it may return any pytree.
@@ -328,6 +293,8 @@ def remat(
 
     @functools.wraps(fn)
     def rematted(*args: Any, **kwargs: Any) -> Any:
+        if any_transform_active() or torch.compiler.is_dynamo_compiling():
+            return fn(*args, **kwargs)  # their engine would keep what remat recomputes: run plainly
         n = len(args)
         static_pos = set()
         for i in static:
@@ -354,12 +321,8 @@ def remat(
             return fn(*call_args, **kw)
 
         tensors = [leaves[i] for i in tensor_idx]
-        if plain and not sharing(under_transforms=True):  # the autograd.Function runs below them
+        if plain and not sharing():
             return fn(*args, **kwargs)
-        if torch.compiler.is_dynamo_compiling():
-            # Plainly: torch's checkpoint operator under Dynamo fails inside torch.func.grad from 2.10
-            # on ("don't yet support saved tensor hooks"), and 2.9 ignored its tags (no memory saved).
-            return call(tensors)
         key = None
         if share is not None and not static_pos:  # static arguments are objects: they cannot key a body
             key = (repr(spec), tuple(consts))

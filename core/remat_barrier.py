@@ -19,7 +19,6 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .compat import functorch as _levels
 from .compat.xla_loop import inside_xla_fold
 from .define_once import define_once
 
@@ -59,12 +58,12 @@ def tie_to_gradient(saved: Sequence[Tensor], grads: Sequence[Optional[Tensor]]) 
     picked = [i for i, t in enumerate(saved) if isinstance(t, Tensor) and t.is_floating_point()]
     if not after or not picked:
         return list(saved)
-    if _levels.functorch_base(saved[picked[0]]).device.type == "xla":
+    if saved[picked[0]].device.type == "xla":
         if inside_xla_fold():
             return list(saved)
         import torch_xla.core.xla_model as xm
 
-        xm.optimization_barrier_([_levels.functorch_base(t) for t in (*saved, *after)])
+        xm.optimization_barrier_([*saved, *after])
         return list(saved)
     if not torch.compiler.is_compiling():
         return list(saved)

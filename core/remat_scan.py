@@ -22,7 +22,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .compat import functorch as _levels
+from .autograd_grad import pull_back, run_differentiated
+from .compat.functorch import any_transform_active
 from .compat.shared_subgraph import run_untraced, sharing
 from .compat.xla_loop import inside_xla_fold, xla_scan
 from .jit_backends.dtensor_local import has_dtensor
@@ -72,9 +73,9 @@ class _Plan:
     def recorded_layer(self, carry: Tensor, x: List[Tensor], c: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """The layer's output and what the policy keeps of this call.
 
-        Recorded under `torch.func.vjp`, as the backward replays it: an op's decomposition may depend
-        on whether its inputs are differentiated (SDPA, matmul), and `Replay` matches results to ops
-        by their order, so both must see the same ops (measured: a [.., 192] result handed to an op
+        Run differentiated, as the backward replays it: an op's decomposition may depend on whether
+        its inputs are differentiated (SDPA, matmul), and `Replay` matches results to ops by their
+        order, so both must see the same ops (measured: a [.., 192] result handed to an op
         expecting [.., 512] when the forward ran plainly).
         """
         if not self.policy.saves_anything:
@@ -82,16 +83,15 @@ class _Plan:
         wrt_x, wrt_c = _floating(x), _floating(c)
         layer = self.layer_wrt(x, c, wrt_x, wrt_c)
 
-        def recorded(*args: Any) -> Tuple[Tensor, List[Tensor]]:
+        def recorded(carry: Tensor, *diff: Tensor) -> Tuple[Tensor, List[Tensor]]:
             with Record(self.policy) as record:
-                out = layer(*args)
+                out = layer(carry, list(diff[:len(wrt_x)]), list(diff[len(wrt_x):]))
             keys, structures, kept = flatten_saved(record.saved)
             self.kept_layout = (keys, structures)
-            return out, kept
+            passed = {id(carry), *map(id, diff)}  # a compiled body may not return its input
+            return out, [t.clone() if id(t) in passed else t for t in kept]
 
-        out, _, kept = torch.func.vjp(recorded, carry, [x[i] for i in wrt_x], [c[i] for i in wrt_c], has_aux=True)
-        passed = {id(carry), *map(id, x), *map(id, c)}  # a compiled body may not return its input
-        return out, [t.clone() if id(t) in passed else t for t in kept]
+        return run_differentiated(recorded, [carry, *(x[i] for i in wrt_x), *(c[i] for i in wrt_c)])
 
     def split(self, tensors: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
         n = len(self.xs.tensors)
@@ -124,7 +124,7 @@ class _Plan:
                 carry = new
             return [carry, stacked, *kept_stacked]
 
-        if self.on_xla and not _levels.any_transform_active():
+        if self.on_xla:
             def body(h: Tensor, x_i: List[Tensor]) -> Tuple[Tensor, Tuple[Tensor, List[Tensor]]]:
                 new, kept = self.recorded_layer(h, x_i, c_all)
                 self.check(new, h)
@@ -134,7 +134,7 @@ class _Plan:
             if out is not None:
                 last, (stacked, kept_stacked) = out
                 return (last, stacked, *kept_stacked)
-        if not sharing():  # a transform outside ember's own grad (grad of grad): plain ops, differentiable
+        if not sharing():  # eagerly, or differentiated twice (grad of grad): plain ops
             return tuple(loop([carry, *tensors]))
         # The loop's outputs: what one layer keeps, learned without recording it in the step's graph.
         _, kept = run_untraced(self.recorded_layer, carry, [t[0] for t in x_all], c_all)
@@ -158,12 +158,12 @@ class _Plan:
         def layer_vjp(carry: Tensor, kept: List[Tensor], x: List[Tensor], c: List[Tensor], g: Tensor):
             layer = self.layer_wrt(x, c, wrt_x, wrt_c)
 
-            def pulled(*args: Any) -> Tensor:
+            def pulled(carry: Tensor, *diff: Tensor) -> List[Tensor]:
                 with Replay(unflatten_saved(*layout, kept)) if kept else contextlib.nullcontext():
-                    return layer(*args)
+                    return [layer(carry, list(diff[:len(wrt_x)]), list(diff[len(wrt_x):]))]
 
-            _, vjp_fn = torch.func.vjp(pulled, carry, [x[i] for i in wrt_x], [c[i] for i in wrt_c])
-            g_carry, g_x, g_c = vjp_fn(g)
+            g_carry, *g_diff = pull_back(pulled, [carry, *(x[i] for i in wrt_x), *(c[i] for i in wrt_c)], [g])
+            g_x, g_c = g_diff[:len(wrt_x)], g_diff[len(wrt_x):]
             return (g_carry, [g_x[wrt_x.index(i)] for i in need_x], [g_c[wrt_c.index(i)] for i in need_c])
 
         n_saved = len(saved)
@@ -182,13 +182,13 @@ class _Plan:
 
         inputs = [*saved, *tensors, grad]
         results = None
-        if self.on_xla and not _levels.any_transform_active():
+        if self.on_xla:
             results = _backward_on_xla(layer_vjp, saved, x_all, c_all, grad, need_c)
         if results is None and sharing():
             outputs = [meta(grad)] + [meta(x_all[i]) for i in need_x] + [meta(c_all[i]) for i in need_c]
             compiled = Compiled(layer_vjp)  # one per traced backward: compiled on its first run
             results = run_loop(self.name + ".backward", lambda ins: loop(ins, compiled), inputs, outputs)
-        if results is None:  # a transform outside ember's own grad (grad of grad): plain, differentiable
+        if results is None:  # eagerly, or differentiated twice (grad of grad): plain, recorded
             results = loop(inputs)
         grads: List[Optional[Tensor]] = [None] * (1 + len(tensors))
         grads[0] = results[0]
@@ -237,16 +237,14 @@ class _RematScan(torch.autograd.Function):
         if grad is None:
             grad = torch.zeros_like(ctx.saved_tensors[0][0])
 
-        def compute(saved: List[Tensor], grads: List[Tensor]) -> List[Optional[Tensor]]:
-            return ctx.plan.backward(saved[:n], saved[n:], grads[0], needs)
-
-        return (None, *_levels.backward_one_level_down(ctx.saved_tensors, [grad], compute))
+        saved = ctx.saved_tensors
+        return (None, *ctx.plan.backward(saved[:n], saved[n:], grad, needs))
 
 
 def _xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
-    """On torch_xla, under no transform but `grad`, and not inside another XLA loop's body."""
+    """On torch_xla, under no `torch.func` transform, and not inside another XLA loop's body."""
     return (all(t.device.type == "xla" for t in tensors) and not has_dtensor(list(tensors))
-            and _levels.only_grad_transforms() and not inside_xla_fold())
+            and not any_transform_active() and not inside_xla_fold())
 
 
 def remat_scan(fn: Callable[[Tensor, PyTree, PyTree], Tensor], carry: Tensor, xs: PyTree,

@@ -25,7 +25,6 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .compat.functorch import only_grad_transforms
 from .compat.shared_subgraph import run_untraced, sharing
 from .define_once import define_once
 from .jit_backends.dtensor_local import has_dtensor
@@ -90,8 +89,8 @@ _REGISTRY = define_once("rolled_loop", _define_op)  # one registry, however ofte
 
 def rolling(tree: PyTree) -> bool:
     """Whether a loop over `tree`'s tensors would run as one `ember::rolled_loop` node here: inside
-    ember's Inductor trace, under no transform but `grad`, with no DTensor among them."""
-    if not (sharing(under_transforms=True) and only_grad_transforms()):
+    ember's Inductor trace, under no `torch.func` transform, with no DTensor among them."""
+    if not sharing():
         return False
     tensors = [t for t in tree_flatten(tree)[0] if isinstance(t, Tensor)]
     return not has_dtensor(tensors) and all(t.device.type != "xla" for t in tensors)

@@ -94,6 +94,8 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     # No public API hands a graph traced outside Dynamo to Inductor (pytorch/pytorch#188734, open).
     Workaround("fake_tracing", "access", "https://github.com/pytorch/pytorch/pull/188734",
                _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_traced_inductor_names_exist"),
+    # Whether a torch.func transform is active (remat runs plainly there: checkpointing does not run
+    # under torch.func.grad, #122729) and the tensor under its wrappers (torch_xla annotations).
     Workaround("functorch_levels", "access", "https://github.com/pytorch/pytorch/issues/122729",
                _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_checkpoint_still_fails_under_func_grad"),
     # A checkpoint inside a bridged module recomputes after `functional_call` returned (see stateless.py).

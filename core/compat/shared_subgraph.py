@@ -22,6 +22,8 @@ from typing import Callable, Iterator, Sequence, Tuple, TypeVar
 import torch
 from torch import Tensor
 
+from .functorch import any_transform_active
+
 __all__ = ["call_shared", "function_index", "run_untraced", "shared_subgraphs", "sharing"]
 
 _state = threading.local()
@@ -45,13 +47,12 @@ def shared_subgraphs() -> Iterator[None]:
         _state.active = before
 
 
-def sharing(*, under_transforms: bool = False) -> bool:
+def sharing() -> bool:
     """Whether a call here would become a shared subgraph: ember's make_fx trace, outside any shared
-    body, and (unless `under_transforms`, for a caller that steps below them itself) no functorch
-    transform active."""
+    body, with no functorch transform active."""
     return (getattr(_state, "active", False) and not getattr(_state, "inside", False)
             and torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling()
-            and (under_transforms or torch._C._functorch.maybe_current_level() is None))
+            and not any_transform_active())
 
 
 def run_untraced(fn: Callable[..., T], *args: object) -> T:
@@ -94,12 +95,18 @@ def call_shared(fn: Callable[..., Sequence[Tensor]], identifier: str,
         return tuple(fn(*tensors))
     from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
 
+    # The op traces its body below autograd; a body that takes gradients itself (a microbatch's
+    # `value_and_grad`, remat's backward) needs its caller's dispatch keys back, or every gradient
+    # it takes is silently zero. torch's own lazy backward of the op restores them the same way.
+    keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
     def body(*ts: Tensor) -> Tuple[Tensor, ...]:
         # Calls inside a shared body run plainly: Inductor does not lower a subgraph nested in
         # another (torch 2.15: "both a fallback and a decomp for same op: aten.t.default").
         _state.inside = True
         try:
-            return tuple(fn(*ts))
+            with torch._C._ForceDispatchKeyGuard(*keys):
+                return tuple(fn(*ts))
         finally:
             _state.inside = False
 

@@ -168,7 +168,8 @@ def test_pytree_has_no_public_module():
 
 
 def test_checkpoint_still_fails_under_func_grad():
-    """Why remat is a custom autograd.Function with functorch levels (compat/functorch.py)."""
+    """Why remat runs plainly inside a torch.func transform (compat/functorch.py): torch's own
+    checkpoint does not run under `torch.func.grad` either. When it does, remat can recompute there."""
     import torch.utils.checkpoint as ckpt
 
     if not measured_here("functorch_levels"):

@@ -104,6 +104,20 @@ def test_recomputes_the_block_in_backward():
     assert len(calls) == DEPTH
 
 
+def test_inside_torch_func_transforms_the_block_runs_plainly():
+    # torch.func's engine would keep what a recomputing backward recomputes: remat steps aside there.
+    calls = []
+
+    def counted(p, x):
+        calls.append(1)
+        return block(p, x)
+
+    params, x = make_params(), make_x()
+    got = torch.func.grad(stack_loss(remat(counted)))(params, x)
+    assert len(calls) == DEPTH  # forward only: nothing recomputed
+    assert_close(got, grad(stack_loss(block))(params, x))
+
+
 def _saved_bytes(blk):
     """Bytes autograd saves for backward (ordinary autograd, where saved-tensor hooks work)."""
     total = []

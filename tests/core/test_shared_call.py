@@ -71,6 +71,24 @@ def test_constants_key_the_body_and_objects_fall_back_to_a_plain_call():
     assert body.calls == 3  # a function argument cannot key a body: each call runs plainly
 
 
+def test_a_body_that_takes_gradients_gets_them_in_the_compiled_step():
+    # torch's op traces a body below autograd: without the caller's dispatch keys inside it, every
+    # gradient the body took came back zero, silently.
+    def per_batch(w, x):
+        return value_and_grad(lambda w: (torch.tanh(x @ w) ** 2).sum())(w)
+
+    def summed(w, xs):
+        values, grads = zip(*(shared_call(per_batch, "test.per_batch", w, xs[i]) for i in range(3)))
+        return sum(values), sum(grads)
+
+    w, xs = torch.randn(4, 4), torch.randn(3, 2, 4)
+    value, grads = jit(summed)(w, xs)
+    want_value, want_grads = summed(w, xs)
+    assert grads.abs().sum() > 0
+    torch.testing.assert_close(grads, want_grads, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-5)
+
+
 def test_train_step_traces_the_microbatch_body_twice_whatever_k(tiny_lm=None):
     from ember import optim
     from ember.core import TrainState, random
