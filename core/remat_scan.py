@@ -27,10 +27,12 @@ from .compat.functorch import any_transform_active
 from .compat.shared_subgraph import run_untraced, sharing
 from .compat.xla_loop import inside_xla_fold, xla_scan
 from .jit_backends.dtensor_local import has_dtensor
+from .jit_backends.trace import FunctionError
 from .remat import _differentiable, remat
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, remat_policy, unflatten_saved
 from .rolled_loop import Compiled, Flat, meta, new_stacked, rolling, run_loop
 from .scan import scan
+from .pytree import tree_flatten
 from .types import PyTree
 
 __all__ = ["remat_scan"]
@@ -43,35 +45,54 @@ def _floating(tensors: Sequence[Tensor]) -> List[int]:
 class _Plan:
     """The layer as a function of flat tensor lists, and its forward and backward loops.
 
-    Saved for the backward, stacked over layers: each layer's input, then what the policy kept
-    (laid out as `kept_layout`).
+    The carry is a list of tensors `h` (the leaves of the carry's pytree); gradients flow through
+    its floating ones (`self.diff_h`). Saved for the backward, stacked over layers: each layer's
+    carry tensors, then what the policy kept (laid out as `kept_layout`).
     """
 
-    def __init__(self, fn: Callable, xs: Flat, consts: Flat, length: int, policy: RematPolicy, name: str,
-                 on_xla: bool) -> None:
-        self.fn, self.xs, self.consts, self.length, self.name = fn, xs, consts, length, name
+    def __init__(self, fn: Callable, carry: Flat, xs: Flat, consts: Flat, length: int, policy: RematPolicy,
+                 name: str, on_xla: bool) -> None:
+        self.fn, self.carry, self.xs, self.consts, self.length, self.name = fn, carry, xs, consts, length, name
         self.policy, self.on_xla = policy, on_xla  # on_xla: the loops are XLA Whiles
+        self.n_h = len(carry.tensors)
+        self.diff_h = _floating(carry.tensors)
         self.kept_layout: Any = ([], [])
         self.compiled_layer = Compiled(self.recorded_layer)
 
-    def layer(self, carry: Tensor, x: List[Tensor], c: List[Tensor]) -> Tensor:
-        return self.fn(carry, self.xs.rebuild(x), self.consts.rebuild(c))
+    def layer(self, h: List[Tensor], x: List[Tensor], c: List[Tensor]) -> List[Tensor]:
+        out = self.fn(self.carry.rebuild(h), self.xs.rebuild(x), self.consts.rebuild(c))
+        leaves, spec = tree_flatten(out)
+        new = [v for v in leaves if isinstance(v, Tensor)]
+        if spec != self.carry.spec or len(new) != len(h) or any(
+                a.shape != b.shape or a.dtype != b.dtype for a, b in zip(new, h)):
+            raise FunctionError(
+                f"{self.name}: the layer returned {_describe(out)} for a carry of {_describe(self.carry.rebuild(h))}; "
+                "a scanned layer must return a carry shaped like its input (project in a layer outside the stack).")
+        return new
 
-    def layer_wrt(self, x: List[Tensor], c: List[Tensor], wrt_x: List[int], wrt_c: List[int]) -> Callable:
-        """The layer as a function of the carry and the `wrt_x` / `wrt_c` tensors of `x` and `c`."""
+    def layer_wrt(self, h: List[Tensor], x: List[Tensor], c: List[Tensor], wrt_x: List[int],
+                  wrt_c: List[int]) -> Callable[..., List[Tensor]]:
+        """The layer's carry tensors as a function of the floating carry tensors, then the `wrt_x` /
+        `wrt_c` tensors of `x` and `c`."""
+        diff_h, n_x = self.diff_h, len(wrt_x)
 
-        def pulled(carry: Tensor, dx: List[Tensor], dc: List[Tensor]) -> Tensor:
-            x_full, c_full = list(x), list(c)
-            for i, t in zip(wrt_x, dx):
-                x_full[i] = t
-            for i, t in zip(wrt_c, dc):
-                c_full[i] = t
-            return self.layer(carry, x_full, c_full)
+        def pulled(*diff: Tensor) -> List[Tensor]:
+            h_full, x_full, c_full = list(h), list(x), list(c)
+            for positions, full, values in ((diff_h, h_full, diff[:len(diff_h)]),
+                                            (wrt_x, x_full, diff[len(diff_h):len(diff_h) + n_x]),
+                                            (wrt_c, c_full, diff[len(diff_h) + n_x:])):
+                for i, t in zip(positions, values):
+                    full[i] = t
+            return self.layer(h_full, x_full, c_full)
 
         return pulled
 
-    def recorded_layer(self, carry: Tensor, x: List[Tensor], c: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        """The layer's output and what the policy keeps of this call.
+    def primals(self, h: List[Tensor], x: List[Tensor], c: List[Tensor], wrt_x: List[int],
+                wrt_c: List[int]) -> List[Tensor]:
+        return [*(h[i] for i in self.diff_h), *(x[i] for i in wrt_x), *(c[i] for i in wrt_c)]
+
+    def recorded_layer(self, h: List[Tensor], x: List[Tensor], c: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
+        """The layer's carry tensors and what the policy keeps of this call.
 
         Run differentiated, as the backward replays it: an op's decomposition may depend on whether
         its inputs are differentiated (SDPA, matmul), and `Replay` matches results to ops by their
@@ -79,166 +100,171 @@ class _Plan:
         expecting [.., 512] when the forward ran plainly).
         """
         if not self.policy.saves_anything:
-            return self.layer(carry, x, c), []
+            return self.layer(h, x, c), []
         wrt_x, wrt_c = _floating(x), _floating(c)
-        layer = self.layer_wrt(x, c, wrt_x, wrt_c)
+        primals = self.primals(h, x, c, wrt_x, wrt_c)
+        n_diff = len(self.diff_h)
 
-        def recorded(carry: Tensor, *diff: Tensor) -> Tuple[Tensor, List[Tensor]]:
+        def recorded(*diff: Tensor) -> Tuple[List[Tensor], List[Tensor]]:
+            h_full = list(h)
+            for i, t in zip(self.diff_h, diff[:n_diff]):
+                h_full[i] = t
+            layer = self.layer_wrt(h_full, x, c, wrt_x, wrt_c)
             with Record(self.policy) as record:
-                out = layer(carry, list(diff[:len(wrt_x)]), list(diff[len(wrt_x):]))
+                new = layer(*diff)
             keys, structures, kept = flatten_saved(record.saved)
             self.kept_layout = (keys, structures)
-            passed = {id(carry), *map(id, diff)}  # a compiled body may not return its input
-            return out, [t.clone() if id(t) in passed else t for t in kept]
+            passed = set(map(id, diff))  # a compiled body may not return its input
+            return new, [t.clone() if id(t) in passed else t for t in kept]
 
-        return run_differentiated(recorded, [carry, *(x[i] for i in wrt_x), *(c[i] for i in wrt_c)])
+        return run_differentiated(recorded, primals)
 
     def split(self, tensors: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
         n = len(self.xs.tensors)
         return list(tensors[:n]), list(tensors[n:])
 
-    def check(self, new: Tensor, carry: Tensor) -> None:
-        if new.shape != carry.shape or new.dtype != carry.dtype:
-            raise ValueError(
-                f"{self.name}: the layer returned {tuple(new.shape)} {new.dtype} for a carry of "
-                f"{tuple(carry.shape)} {carry.dtype}; a scanned layer must return a carry shaped like "
-                "its input (project in a layer outside the stack).")
-
-    def forward(self, carry: Tensor, tensors: Sequence[Tensor]) -> Tuple[Tensor, ...]:
-        """The last carry, every layer's input stacked, and each kept result stacked."""
+    def forward(self, h: List[Tensor], tensors: Sequence[Tensor]) -> Tuple[Tensor, ...]:
+        """The last carry tensors, every layer's carry tensors stacked, and each kept result stacked."""
         x_all, c_all = self.split(tensors)
+        n_h = self.n_h
 
         def loop(inputs: List[Tensor], layer: Callable = self.recorded_layer) -> List[Tensor]:
-            x, c = self.split(inputs[1:])
-            carry = inputs[0]
-            stacked = new_stacked(carry, self.length)
+            h, (x, c) = inputs[:n_h], self.split(inputs[n_h:])
+            stacked = [new_stacked(t, self.length) for t in h]
             kept_stacked: List[Tensor] = []
             for i in range(self.length):
-                stacked[i].copy_(carry)
-                new, kept = layer(carry, [t[i] for t in x], c)
-                self.check(new, carry)
+                for buffer, t in zip(stacked, h):
+                    buffer[i].copy_(t)
+                h, kept = layer(h, [t[i] for t in x], c)
                 if i == 0:
                     kept_stacked = [new_stacked(k, self.length) for k in kept]
                 for buffer, k in zip(kept_stacked, kept):
                     buffer[i].copy_(k)
-                carry = new
-            return [carry, stacked, *kept_stacked]
+            return [*h, *stacked, *kept_stacked]
 
         if self.on_xla:
-            def body(h: Tensor, x_i: List[Tensor]) -> Tuple[Tensor, Tuple[Tensor, List[Tensor]]]:
-                new, kept = self.recorded_layer(h, x_i, c_all)
-                self.check(new, h)
-                return new, (h, kept)
+            def body(h_i: List[Tensor], x_i: List[Tensor]) -> Tuple[List[Tensor], Tuple[List[Tensor], List[Tensor]]]:
+                new, kept = self.recorded_layer(h_i, x_i, c_all)
+                return new, (h_i, kept)
 
-            out = xla_scan(body, carry, x_all)
+            out = xla_scan(body, list(h), x_all)
             if out is not None:
                 last, (stacked, kept_stacked) = out
-                return (last, stacked, *kept_stacked)
+                return (*last, *stacked, *kept_stacked)
         if not sharing():  # eagerly, or differentiated twice (grad of grad): plain ops
-            return tuple(loop([carry, *tensors]))
+            return tuple(loop([*h, *tensors]))
         # The loop's outputs: what one layer keeps, learned without recording it in the step's graph.
-        _, kept = run_untraced(self.recorded_layer, carry, [t[0] for t in x_all], c_all)
-        outputs = [meta(carry), meta(carry, self.length), *(meta(k, self.length) for k in kept)]
-        return tuple(run_loop(self.name, lambda ins: loop(ins, self.compiled_layer), [carry, *tensors], outputs))
+        _, kept = run_untraced(self.recorded_layer, list(h), [t[0] for t in x_all], c_all)
+        outputs = [*map(meta, h), *(meta(t, self.length) for t in h), *(meta(k, self.length) for k in kept)]
+        return tuple(run_loop(self.name, lambda ins: loop(ins, self.compiled_layer), [*h, *tensors], outputs))
 
-    def backward(self, saved: Sequence[Tensor], tensors: Sequence[Tensor], grad: Tensor,
+    def backward(self, saved: Sequence[Tensor], tensors: Sequence[Tensor], grads_h: List[Tensor],
                  needs: Sequence[bool]) -> List[Optional[Tensor]]:
-        """Gradients for the carry and each tensor of `xs` and `consts` that `needs` asks for.
+        """Gradients for the carry tensors and each tensor of `xs` and `consts` that `needs` asks for.
 
-        `saved` is the stacked layer inputs followed by the stacked kept results.
+        `saved` is the stacked carry tensors followed by the stacked kept results; `grads_h` the
+        gradients of the last carry's floating tensors.
         """
+        n_h, diff_h = self.n_h, self.diff_h
         x_all, c_all = self.split(tensors)
-        need_x = [i for i, t in enumerate(x_all) if needs[1 + i] and _differentiable(t)]
-        need_c = [i for i, t in enumerate(c_all) if needs[1 + len(x_all) + i] and _differentiable(t)]
+        need_x = [i for i, t in enumerate(x_all) if needs[n_h + i] and _differentiable(t)]
+        need_c = [i for i, t in enumerate(c_all) if needs[n_h + len(x_all) + i] and _differentiable(t)]
         # Replaying kept results needs the forward's transform exactly: differentiate what it did.
         replays = self.policy.saves_anything
         wrt_x, wrt_c = (_floating(x_all), _floating(c_all)) if replays else (need_x, need_c)
         layout = self.kept_layout
 
-        def layer_vjp(carry: Tensor, kept: List[Tensor], x: List[Tensor], c: List[Tensor], g: Tensor):
-            layer = self.layer_wrt(x, c, wrt_x, wrt_c)
+        def layer_vjp(h: List[Tensor], kept: List[Tensor], x: List[Tensor], c: List[Tensor], g: List[Tensor]):
+            layer = self.layer_wrt(h, x, c, wrt_x, wrt_c)
 
-            def pulled(carry: Tensor, *diff: Tensor) -> List[Tensor]:
+            def pulled(*diff: Tensor) -> List[Tensor]:
                 with Replay(unflatten_saved(*layout, kept)) if kept else contextlib.nullcontext():
-                    return [layer(carry, list(diff[:len(wrt_x)]), list(diff[len(wrt_x):]))]
+                    new = layer(*diff)
+                return [new[i] for i in diff_h]
 
-            g_carry, *g_diff = pull_back(pulled, [carry, *(x[i] for i in wrt_x), *(c[i] for i in wrt_c)], [g])
-            g_x, g_c = g_diff[:len(wrt_x)], g_diff[len(wrt_x):]
-            return (g_carry, [g_x[wrt_x.index(i)] for i in need_x], [g_c[wrt_c.index(i)] for i in need_c])
+            pulled_back = pull_back(pulled, self.primals(h, x, c, wrt_x, wrt_c), g)
+            g_h, g_x = pulled_back[:len(diff_h)], pulled_back[len(diff_h):len(diff_h) + len(wrt_x)]
+            g_c = pulled_back[len(diff_h) + len(wrt_x):]
+            return (g_h, [g_x[wrt_x.index(i)] for i in need_x], [g_c[wrt_c.index(i)] for i in need_c])
 
         n_saved = len(saved)
 
         def loop(inputs: List[Tensor], step: Callable = layer_vjp) -> List[Tensor]:
-            stacked, kept = inputs[0], inputs[1:n_saved]
-            (x, c), g = self.split(inputs[n_saved:-1]), inputs[-1]
+            stacked, kept = inputs[:n_h], inputs[n_h:n_saved]
+            n_in = len(inputs) - len(diff_h)
+            (x, c), g = self.split(inputs[n_saved:n_in]), inputs[n_in:]
             grads_x = [new_stacked(x[i][0], self.length) for i in need_x]
             grads_c: List[Any] = [None] * len(need_c)
             for i in reversed(range(self.length)):
-                g, g_x, g_c = step(stacked[i], [k[i] for k in kept], [t[i] for t in x], c, g)
+                g, g_x, g_c = step([t[i] for t in stacked], [k[i] for k in kept], [t[i] for t in x], c, g)
                 for buffer, value in zip(grads_x, g_x):
                     buffer[i].copy_(value)
                 grads_c = [b if a is None else a + b for a, b in zip(grads_c, g_c)]
-            return [g, *grads_x, *grads_c]
+            return [*g, *grads_x, *grads_c]
 
-        inputs = [*saved, *tensors, grad]
+        inputs = [*saved, *tensors, *grads_h]
         results = None
         if self.on_xla:
-            results = _backward_on_xla(layer_vjp, saved, x_all, c_all, grad, need_c)
+            results = _backward_on_xla(layer_vjp, saved, n_h, x_all, c_all, grads_h, need_c)
         if results is None and sharing():
-            outputs = [meta(grad)] + [meta(x_all[i]) for i in need_x] + [meta(c_all[i]) for i in need_c]
+            outputs = [*map(meta, grads_h), *(meta(x_all[i]) for i in need_x), *(meta(c_all[i]) for i in need_c)]
             compiled = Compiled(layer_vjp)  # one per traced backward: compiled on its first run
             results = run_loop(self.name + ".backward", lambda ins: loop(ins, compiled), inputs, outputs)
         if results is None:  # eagerly, or differentiated twice (grad of grad): plain, recorded
             results = loop(inputs)
-        grads: List[Optional[Tensor]] = [None] * (1 + len(tensors))
-        grads[0] = results[0]
+        grads: List[Optional[Tensor]] = [None] * (n_h + len(tensors))
+        for j, i in enumerate(diff_h):
+            grads[i] = results[j]
         for j, i in enumerate(need_x):
-            grads[1 + i] = results[1 + j]
+            grads[n_h + i] = results[len(diff_h) + j]
         for j, i in enumerate(need_c):
-            grads[1 + len(x_all) + i] = results[1 + len(need_x) + j]
+            grads[n_h + len(x_all) + i] = results[len(diff_h) + len(need_x) + j]
         return grads
 
 
-def _backward_on_xla(layer_vjp: Callable, saved: Sequence[Tensor], x: List[Tensor], c: List[Tensor],
-                     grad: Tensor, need_c: List[int]) -> Optional[List[Tensor]]:
+def _describe(tree: PyTree) -> str:
+    leaves, _ = tree_flatten(tree)
+    tensors = [f"{tuple(t.shape)} {t.dtype}" for t in leaves if isinstance(t, Tensor)]
+    return tensors[0] if len(leaves) == 1 and tensors else f"{type(tree).__name__} of [{', '.join(tensors)}]"
+
+
+def _backward_on_xla(layer_vjp: Callable, saved: Sequence[Tensor], n_h: int, x: List[Tensor], c: List[Tensor],
+                     grads_h: List[Tensor], need_c: List[int]) -> Optional[List[Tensor]]:
     """The backward loop as one XLA While over the layers in reverse (None where there is none)."""
 
-    def body(state: Tuple[Tensor, List[Tensor]], xs_i: Tuple[List[Tensor], List[Tensor]]):
+    def body(state: Tuple[List[Tensor], List[Tensor]], xs_i: Tuple[List[Tensor], List[Tensor]]):
         (g, sums), (saved_i, x_i) = state, xs_i
-        g, g_x, g_c = layer_vjp(saved_i[0], saved_i[1:], x_i, c, g)
+        g, g_x, g_c = layer_vjp(saved_i[:n_h], saved_i[n_h:], x_i, c, g)
         return (g, [a + b for a, b in zip(sums, g_c)]), list(g_x)
 
     flip = lambda t: torch.flip(t, [0])  # noqa: E731
-    init = (grad, [torch.zeros_like(c[i]) for i in need_c])
+    init = (list(grads_h), [torch.zeros_like(c[i]) for i in need_c])
     out = xla_scan(body, init, ([flip(t) for t in saved], [flip(t) for t in x]))
     if out is None:
         return None
     (g, sums), grads_x = out
-    return [g, *(flip(t) for t in grads_x), *sums]
+    return [*g, *(flip(t) for t in grads_x), *sums]
 
 
 class _RematScan(torch.autograd.Function):
-    """Forward: the last carry, then what the backward needs; backward: one recomputing loop."""
+    """Forward: the last carry tensors, then what the backward needs; backward: one recomputing loop."""
 
     @staticmethod
-    def forward(plan: _Plan, carry: Tensor, *tensors: Tensor) -> Tuple[Tensor, ...]:
-        return plan.forward(carry, tensors)
+    def forward(plan: _Plan, *tensors: Tensor) -> Tuple[Tensor, ...]:
+        return plan.forward(list(tensors[:plan.n_h]), tensors[plan.n_h:])
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, ...]) -> None:
-        plan, _, *tensors = inputs
-        ctx.plan, ctx.n_saved = plan, len(output) - 1
-        ctx.save_for_backward(*output[1:], *tensors)
-        ctx.mark_non_differentiable(*output[1:])
+        plan, *tensors = inputs
+        ctx.plan, ctx.n_saved = plan, len(output) - plan.n_h
+        ctx.save_for_backward(*output[plan.n_h:], *tensors[plan.n_h:])
+        ctx.mark_non_differentiable(*output[plan.n_h:], *(t for t in output[:plan.n_h] if not _differentiable(t)))
 
     @staticmethod
-    def backward(ctx: Any, grad: Optional[Tensor], *_saved_grads: Any) -> Tuple[Optional[Tensor], ...]:
-        needs, n = ctx.needs_input_grad[1:], ctx.n_saved
-        if grad is None:
-            grad = torch.zeros_like(ctx.saved_tensors[0][0])
-
-        saved = ctx.saved_tensors
-        return (None, *ctx.plan.backward(saved[:n], saved[n:], grad, needs))
+    def backward(ctx: Any, *grads: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
+        plan, n, saved = ctx.plan, ctx.n_saved, ctx.saved_tensors
+        grads_h = [torch.zeros_like(saved[i][0]) if grads[i] is None else grads[i] for i in plan.diff_h]
+        return (None, *plan.backward(saved[:n], saved[n:], grads_h, ctx.needs_input_grad[1:]))
 
 
 def _xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
@@ -247,14 +273,15 @@ def _xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
             and not any_transform_active() and not inside_xla_fold())
 
 
-def remat_scan(fn: Callable[[Tensor, PyTree, PyTree], Tensor], carry: Tensor, xs: PyTree,
+def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs: PyTree,
                consts: PyTree = None, *, policy: Union[str, RematPolicy, bool] = "full",
-               name: str = "ember.remat_scan") -> Tensor:
+               name: str = "ember.remat_scan") -> PyTree:
     """The last carry of `fn(carry, x, consts)` over the slices `x` of `xs`, each call rematerialised.
 
     Args:
-        fn: a pure layer `(carry, x, consts) -> carry` returning a tensor shaped like `carry`.
-        carry: the first layer's input (a floating-point tensor).
+        fn: a pure layer `(carry, x, consts) -> carry` returning a carry shaped like its input.
+        carry: the first layer's input: a tensor, or a pytree of tensors (activations and what rides
+            along with them, such as a mixture of experts' router statistics); at least one floating.
         xs: pytrees of tensors with a leading layer dim (stacked parameters, per-layer keys).
         consts: what every layer sees (positions, masks, flags).
         policy: what each layer keeps besides its input (`ember.core.remat_policies`): `"full"`
@@ -277,14 +304,19 @@ def remat_scan(fn: Callable[[Tensor, PyTree, PyTree], Tensor], carry: Tensor, xs
         torch.Size([3, 2, 2])
     """
     chosen = remat_policy(policy) or remat_policy("everything_saveable")
-    xs_flat, consts_flat = Flat(xs), Flat(consts)
+    carry_flat, xs_flat, consts_flat = Flat(carry), Flat(xs), Flat(consts)
+    if not _floating(carry_flat.tensors):
+        raise ValueError(f"{name}: the carry has no floating-point tensor ({_describe(carry)}); remat_scan "
+                         "differentiates through the carry: pass the activations in it.")
     # On torch_xla only a policy that keeps nothing rolls: replaying kept results inside torch_xla
     # 2.9's scan body fails functionalization ("isFunctionalTensor(base_)", measured on none and
     # dots_saveable); the others run unrolled there.
-    on_xla = not chosen.saves_anything and _xla_loop_possible([carry, *xs_flat.tensors, *consts_flat.tensors])
+    all_tensors = [*carry_flat.tensors, *xs_flat.tensors, *consts_flat.tensors]
+    on_xla = not chosen.saves_anything and _xla_loop_possible(all_tensors)
     if not (on_xla or rolling((carry, xs, consts))):
         step = remat(lambda c, x, k: fn(c, x, k), policy=policy, shared=True)
         return scan(lambda c, x: (step(c, x, consts), None), carry, xs)[0]
     length = xs_flat.tensors[0].shape[0]
-    plan = _Plan(fn, xs_flat, consts_flat, length, chosen, name, on_xla)
-    return _RematScan.apply(plan, carry, *xs_flat.tensors, *consts_flat.tensors)[0]
+    plan = _Plan(fn, carry_flat, xs_flat, consts_flat, length, chosen, name, on_xla)
+    out = _RematScan.apply(plan, *all_tensors)
+    return carry_flat.rebuild(out[:plan.n_h])

@@ -37,7 +37,7 @@ from ..compat.inductor_frees import frees_after_last_read
 from ..compat.inductor_isa import vec_isa_probe_memo
 from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
-from .trace import DataDependentError, trace_and_compile
+from .trace import DataDependentError, FunctionError, trace_and_compile
 
 __all__ = ["FxCompiled"]
 
@@ -164,7 +164,8 @@ class FxCompiled:
                        ("cpp_kernel_batching", batched_cpu_kernels),
                        ("gloo_all_gather_out", gloo_all_gather_out)]  # DTensor steps over gloo
         try:
-            compiled = compiling_with(patches, trace_then_compile, passthrough=(DataDependentError, _NotDonatable))
+            compiled = compiling_with(patches, trace_then_compile,
+                                      passthrough=(DataDependentError, FunctionError, _NotDonatable))
         except DataDependentError as err:
             raise RuntimeError(_MSG_READS_VALUE.format(detail=err)) from None
         return _Graph(compiled, recorded["spec"], recorded["kinds"])

@@ -38,7 +38,7 @@ from torch import Tensor
 from ...core import pytree, random
 from ...core.remat_policies import remat_policy
 from ...core.transforms import remat as _remat
-from ...core.transforms import remat_scan, scan
+from ...core.transforms import remat_scan
 from ...core.transforms import stack_trees
 from ...core.types import Key, Params, PyTree
 from .module import Module
@@ -138,7 +138,5 @@ class Stacked(Module):
             return self.layer.apply(xs[0], carry, key=xs[1], **kw)
 
         keys = _layer_keys(key, self.num_layers)
-        if not isinstance(x, Tensor):  # a tree carry (a mixture of experts' router stats ride along)
-            step = _remat(layer, policy=self.remat, shared=True)
-            return scan(lambda c, xs: (step(c, xs, kwargs), None), x, (params, keys))[0]
+        # x may be a tree: a mixture of experts' router statistics ride along with the activations
         return remat_scan(layer, x, (params, keys), kwargs, policy=self.remat, name="ember.Stacked")

@@ -112,6 +112,36 @@ def test_remat_scan_under_vmap_and_grad_of_grad_runs_plainly():
     torch.testing.assert_close(second, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("policy", ["full", "dots_saveable", "none"])
+def test_remat_scan_rolls_a_tree_carry(policy):
+    # Activations with statistics riding along (a mixture of experts' router losses), an integer
+    # counter among them: one loop each way, the plain scan's values and gradients.
+    def layer(carry, x, _):
+        h, stats = carry
+        w, _key = x
+        new = torch.tanh(h @ w["w"] + w["b"]) + h
+        return new, {"sq": stats["sq"] + new.pow(2).mean(), "calls": stats["calls"] + 1}
+
+    def loss(params, h, scan_fn):
+        stats = {"sq": torch.zeros(()), "calls": torch.zeros((), dtype=torch.int64)}
+        h, stats = scan_fn(layer, (h, stats), params)
+        return h.pow(2).sum() + stats["sq"], stats["calls"]
+
+    rolled = lambda fn, carry, params: remat_scan(fn, carry, (params, keys), policy=policy, name="test.tree")  # noqa: E731
+    plain = lambda fn, carry, params: scan(lambda c, x: (fn(c, x, None), None), carry, (params, keys))[0]  # noqa: E731
+    params, keys = _stack(5)
+    h = torch.randn(3, 4)
+    before = len(_loops("test.tree"))
+    (value, calls), grads = jit(value_and_grad(lambda p, h: loss(p, h, rolled), argnums=(0, 1), has_aux=True))(params, h)
+    assert len(_loops("test.tree")) == before + 1 and len(_loops("test.tree.backward")) >= 1
+    (want_value, want_calls), want = value_and_grad(lambda p, h: loss(p, h, plain), argnums=(0, 1), has_aux=True)(params, h)
+    assert int(calls) == int(want_calls) == 5
+    torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads, want, rtol=1e-5, atol=1e-5)
+    eager = value_and_grad(lambda p, h: loss(p, h, rolled), argnums=(0, 1), has_aux=True)(params, h)
+    torch.testing.assert_close(eager[1], want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_layer_that_changes_the_carry_shape_is_a_clear_error():
     ws = torch.randn(2, 4, 3)
     with pytest.raises(ValueError, match="carry shaped like its input"):

@@ -136,6 +136,28 @@ def test_scan_layers_and_remat_compute_what_the_list_of_blocks_computes():
     torch.testing.assert_close(g2["blocks"], stack_trees(g1["blocks"]), rtol=1e-5, atol=1e-6)
 
 
+def test_scan_layers_rolls_in_the_compiled_step():
+    # The router statistics ride along with the activations as a tree carry: one rolled loop each
+    # way, whatever the depth, and the gradients of the list of blocks.
+    from ember.core.rolled_loop import _REGISTRY
+    from ember.core.transforms import stack_trees, value_and_grad
+
+    listed = build_model("qwen3_moe", "tiny", n_layers=3, capacity_factor=1.0)
+    stacked = build_model("qwen3_moe", "tiny", n_layers=3, capacity_factor=1.0, scan_layers=True, remat="full")
+    params = listed.init(random.key(0))
+    stacked_params = dict(params, blocks=stack_trees(params["blocks"]))
+    tokens = random.randint(random.key(1), (2, 12), 0, 256)
+    batch = {"inputs": tokens, "targets": tokens}
+    loss = lambda model: lambda p: lm_loss(model)(p, batch, key=None)[0].mean()  # noqa: E731
+    loops = lambda: [k for k in _REGISTRY.loops if k.startswith("ember.Stacked")]  # noqa: E731
+    before = len(loops())
+    value, grads = jit(value_and_grad(loss(stacked)))(stacked_params)
+    assert len(loops()) == before + 2  # the forward loop and the backward loop
+    want_value, want = value_and_grad(loss(listed))(params)
+    torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads["blocks"], stack_trees(want["blocks"]), rtol=1e-4, atol=1e-5)
+
+
 def test_expert_bias_moves_toward_balance_and_nothing_else_sees_it():
     model = build_model("qwen3_moe", "tiny", router="sigmoid", expert_bias=True, expert_bias_update_rate=0.01,
                         router_aux_loss_coef=0.0)
