@@ -10,7 +10,6 @@ compile time with depth and microbatches.
     python launch/bench_scale.py --generate 256                 # tokens/s, KV cache vs none, 256 new tokens
     python launch/bench_scale.py --packed-attention 1024        # attention time: unmasked, packed, dense mask
     python launch/bench_scale.py --torch-primitives             # torch's checkpoint / SAC vs ember's remat, compiled
-    python launch/bench_scale.py --grad-paths --config llama3_125m  # torch.autograd.grad vs torch.func.grad, one process
     python launch/bench_scale.py --bridged-checkpointing        # a transformers Llama, with and without checkpointing
     python launch/bench_scale.py --loss-memory --compile-depth 4,12,24 --markdown /tmp/scale.md
     python launch/bench_scale.py --compile-depth 4,24 --scan --baseline 88c41b5  # each row at a commit, then here
@@ -115,11 +114,6 @@ def _run_child(spec):
 
         return packed_attention_child(seq_len=spec["seq_len"],
                                       flags=[_flag(k, v) for k, v in spec.get("overrides", {}).items()])
-    if spec["what"] == "grad_paths":
-        from ember.launch.benchmark.grad_paths import grad_paths_child
-        from ember.launch.run_config import parse_cli
-
-        return grad_paths_child(parse_cli(spec["config"], [_flag(k, v) for k, v in spec["overrides"].items()]))
     if spec["what"] == "torch_primitives":
         from ember.launch.benchmark.primitives import primitives_child
 
@@ -245,22 +239,6 @@ def loss_memory(args):
             f"d_model {args.d_model}:", rows)
 
 
-def grad_paths(args):
-    overrides = {**_shape_overrides(args), **({"model.scan_layers": True} if args.scan else {})}
-    r = _child(dict(what="grad_paths", config=args.config, overrides=overrides))
-    base = r["torch.func.grad"]["step_s"]
-    rows = ["| gradient taken by | first call (s) | warm step (ms) | vs torch.func.grad | loss after 3 steps |",
-            "|---|---:|---:|---:|---:|"]
-    for path, m in r.items():
-        rows.append(f"| {path} | {m['first_call_s']:.1f} | {m['step_s'] * 1e3:.1f} | {_ratio(m['step_s'], base)} | "
-                    f"{m['loss']:.6f} |")
-        print(rows[-1], flush=True)
-    return (f"The compiled train step of `{args.config}`{' with scan_layers' if args.scan else ''} (Inductor, AdamW, "
-            "state donated) traced with each "
-            "gradient, both in one process, timed alternately (median of 5 rounds of 5 calls; the second "
-            "first call finds a warmer compile cache):", rows)
-
-
 def torch_primitives(args):
     from ember.launch.benchmark.primitives import PRIMITIVES
 
@@ -336,8 +314,6 @@ def main(argv=None):
     p.add_argument("--scan-steady", help="comma-separated remat policies: warm step time, unrolled vs scan_layers")
     p.add_argument("--generate", type=int, metavar="N", help="tokens/s generating N tokens, KV cache vs none")
     p.add_argument("--packed-attention", type=int, metavar="T", help="attention time at seq T: unmasked, packed, dense")
-    p.add_argument("--grad-paths", action="store_true",
-                   help="the --config step with its gradient by torch.autograd.grad and by torch.func.grad, one process")
     p.add_argument("--torch-primitives", nargs="?", const="all",
                    help="torch's checkpoint / SAC against ember's remat inside the compiled step (comma-separated variants)")
     p.add_argument("--bridged-checkpointing", action="store_true",
@@ -348,7 +324,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, help="batch size override for --remat-memory / --scan-steady")
     p.add_argument("--seq", type=int, help="sequence length override for --remat-memory / --scan-steady")
     p.add_argument("--scan", action="store_true",
-                   help="also measure --compile-depth and --remat-memory with scan_layers=True; --grad-paths with it only")
+                   help="also measure --compile-depth and --remat-memory with scan_layers=True")
     p.add_argument("--remat", default="none", help="remat policy of the model in the compile-time rows")
     p.add_argument("--config", default="llama3_tiny", help="registered run config for compile times")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -374,8 +350,6 @@ def main(argv=None):
 
 def _measure(p, args, torch):
     sections = []
-    if args.grad_paths:
-        sections.append(grad_paths(args))
     if args.torch_primitives:
         sections.append(torch_primitives(args))
     if args.bridged_checkpointing:
@@ -397,7 +371,7 @@ def _measure(p, args, torch):
         sections.append(compile_scaling(args, "microbatches", [int(x) for x in args.compile_microbatches.split(",")],
                                         "microbatches"))
     if not sections:
-        p.error("choose at least one of --grad-paths, --torch-primitives, --bridged-checkpointing, --loss-memory, --remat-memory, --scan-steady, --generate, --packed-attention, "
+        p.error("choose at least one of --torch-primitives, --bridged-checkpointing, --loss-memory, --remat-memory, --scan-steady, --generate, --packed-attention, "
                 "--compile-depth, "
                 "--compile-microbatches")
     against = f" Paths: {', '.join(t.label for t in TREES)}." if len(TREES) > 1 else ""

@@ -12,7 +12,8 @@ same apply key (`split(key, n)[i]`), so for the same weights the two forms compu
 `Stacked` runs its layers with `ember.core.transforms.remat_scan` over the leading "layers"
 dimension (its axes get a leading `"layers"` name, so the rules can shard or replicate it):
 one rolled loop forward and one backward, a layer compiled once whatever the depth (Inductor and
-torch_xla). `remat="full"` (or another policy of `ember.core.remat_policies`) makes the backward
+torch_xla). The carry may be a pytree: a mixture of experts' layers carry their router statistics
+beside the activations. `remat="full"` (or another policy of `ember.core.remat_policies`) makes the backward
 recompute each layer's activations from its input, keeping only what the policy names; the default
 `"none"` keeps every result of each layer. `Sequential` wraps each layer in
 `ember.core.transforms.remat` instead. The costs are in BENCHMARKS.md ("How the step scales").
