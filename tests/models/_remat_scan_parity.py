@@ -21,12 +21,17 @@ VARIANTS = ["none+scan"] + [p + scan for p in POLICIES for scan in ("", "+scan")
 COMPILED_VARIANTS = {
     "llama3": ["full+scan", "none+scan", "dots_saveable", "save:qkv,attn_out,mlp_hidden+scan"],
     "gpt2": ["dots_with_no_batch_dims_saveable+scan"],
+    "qwen3_moe": ["full+scan"],  # a tree carry: the router statistics ride along
 }
 
 
 def _config(family: str, **changes):
-    from ember.models import GPT2Config, Llama3Config
+    from ember.models import GPT2Config, Llama3Config, get_config
 
+    if family == "qwen3_moe":
+        return get_config("qwen3_moe", "tiny").replace(vocab_size=64, max_seq_len=16, n_layers=3, d_model=32,
+                                                      attn_head_dim=8, moe_ffn_dim=16, n_experts=4,
+                                                      capacity_factor=1.0, router_z_loss_coef=1e-3, **changes)
     if family == "llama3":
         return Llama3Config(vocab_size=64, max_seq_len=16, n_layers=3, n_heads=4, n_kv_heads=2, d_model=32,
                             ffn_dim=48, rope_theta=10000.0, **changes)
