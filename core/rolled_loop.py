@@ -28,6 +28,7 @@ from torch import Tensor
 from .compat.shared_subgraph import run_untraced, sharing
 from .define_once import define_once
 from .jit_backends.dtensor_local import has_dtensor
+from .jit_backends.traced import leaf_signature
 from .pytree import tree_flatten, tree_unflatten
 from .types import PyTree
 
@@ -155,8 +156,8 @@ class Flat:
 class Compiled:
     """`jit(fn, **options)`: the loop's body, compiled apart from the step on its first call.
 
-    A call with inputs laid out as never before (which traces and compiles) runs on a fresh
-    thread: inside the step's compiled graph the dispatcher runs an op's kernel with keys that
+    A call with inputs laid out as never before (jit's signature: it traces and compiles) runs on
+    a fresh thread: inside the step's compiled graph the dispatcher runs an op's kernel with keys that
     tracing needs excluded (ADInplaceOrView, PythonTLSSnapshot, Functionalize), and those
     exclusions are thread-local. Grad mode is the caller's, as it is part of what jit compiles for.
     """
@@ -165,8 +166,9 @@ class Compiled:
         self.fn, self.options, self.jitted, self.seen = fn, options, None, set()
 
     def __call__(self, *args: Any) -> Any:
-        layout = (torch.is_grad_enabled(), tuple((t.shape, t.stride(), t.dtype) for t in tree_flatten(args)[0]
-                                                 if isinstance(t, Tensor)))
+        # jit's own key: a carry whose tensors alias one another (a layer passing a statistic
+        # through) compiles again, and must do so on the fresh thread too.
+        layout = (torch.is_grad_enabled(), leaf_signature(tree_flatten(args)[0]))
         if layout in self.seen:
             return self.jitted(*args)
         if self.jitted is None:

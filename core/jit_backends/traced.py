@@ -79,6 +79,13 @@ def _leaf_key(leaf: Any, seen: Dict[Any, int], keep: List[Any]) -> Any:
         return ("O", id(leaf))
 
 
+def leaf_signature(leaves: List[Any]) -> Tuple[Any, ...]:
+    """What `FxCompiled` keys tensor leaves on: shapes, strides, dtypes, devices, and which leaves
+    are one object or share a storage. A call with a new signature traces and compiles."""
+    seen: Dict[Any, int] = {}
+    return tuple(_leaf_key(x, seen, []) for x in leaves)
+
+
 class FxCompiled:
     """`fn(*args, **kwargs)` compiled per signature; `compiler(gm, example_inputs)` builds each graph.
 

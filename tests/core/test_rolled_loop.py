@@ -120,12 +120,14 @@ def test_remat_scan_rolls_a_tree_carry(policy):
         h, stats = carry
         w, _key = x
         new = torch.tanh(h @ w["w"] + w["b"]) + h
-        return new, {"sq": stats["sq"] + new.pow(2).mean(), "calls": stats["calls"] + 1}
+        sq = new.pow(2).mean()
+        return new, {"sq": stats["sq"] + sq, "sq_again": stats["sq_again"] + sq, "calls": stats["calls"] + 1}
 
     def loss(params, h, scan_fn):
-        stats = {"sq": torch.zeros(()), "calls": torch.zeros((), dtype=torch.int64)}
+        zero = torch.zeros(())  # one object twice: the compiled layer returns one tensor for both sums
+        stats = {"sq": zero, "sq_again": zero, "calls": torch.zeros((), dtype=torch.int64)}
         h, stats = scan_fn(layer, (h, stats), params)
-        return h.pow(2).sum() + stats["sq"], stats["calls"]
+        return h.pow(2).sum() + stats["sq"] + stats["sq_again"], stats["calls"]
 
     rolled = lambda fn, carry, params: remat_scan(fn, carry, (params, keys), policy=policy, name="test.tree")  # noqa: E731
     plain = lambda fn, carry, params: scan(lambda c, x: (fn(c, x, None), None), carry, (params, keys))[0]  # noqa: E731
