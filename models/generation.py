@@ -31,7 +31,6 @@ from torch import Tensor
 from ..core import random
 from ..core.jit import jit
 from ..core.step_fns.sample import sample_token
-from ..core.transforms import unstack_trees
 from ..core.types import Key, Params
 from .layers.kv_cache import CachedCall, init_kv_cache
 from .llama3.config import Llama3Config
@@ -71,7 +70,7 @@ def _forward(model: Any, cache: Cache, params: Params, tokens: Tensor, position:
 def _check_unstacked(model: Any) -> None:
     if model.config.scan_layers:
         raise ValueError("prefill / decode_step run the layers one by one: build the model with scan_layers=False "
-                         "(params: unstack_trees(params['blocks'])), or use Decoder, which does both.")
+                         "(params: model.children['blocks'].unstack(params['blocks'])), or use Decoder, which does both.")
 
 
 def prefill(model: Any, cache: Cache, params: Params, prompt: Tensor,
@@ -102,6 +101,7 @@ class Decoder:
     def __init__(self, model: Any, *, backend: str = "inductor") -> None:
         _check_family(model)
         self.stacked = model.config.scan_layers
+        self.stacked_blocks = model.children["blocks"]
         self.model = type(model)(model.config.replace(scan_layers=False)) if self.stacked else model
         m = self.model
         self.prefill = jit(lambda cache, params, prompt, position: prefill(m, cache, params, prompt, position),
@@ -121,7 +121,7 @@ class Decoder:
         tokenizer's), ids past it (a padded embedding's rows) are never drawn.
         """
         if self.stacked:
-            params = {**params, "blocks": unstack_trees(params["blocks"])}
+            params = {**params, "blocks": self.stacked_blocks.unstack(params["blocks"])}
         b, t0 = prompt.shape
         dtype = cache_dtype or params["wte"]["weight"].dtype
         cache = init_cache(self.model, batch=b, slots=t0 + max_new_tokens, dtype=dtype, device=prompt.device)

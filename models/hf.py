@@ -38,7 +38,6 @@ import torch
 from torch import Tensor
 
 from ..core import pytree
-from ..core.transforms import stack_trees, unstack_trees
 from ..core.types import Params
 from ._safetensors import read_safetensors_folder, save_safetensors
 
@@ -246,11 +245,10 @@ def params_from_hf(state: Mapping[str, Tensor], config: Any) -> Params:
     """
     adapter = _adapter_for_config(config, "expected a {}, got {}.")
     params = adapter.params_from_hf(state, config)
+    model = adapter.model_cls(config)
     if config.scan_layers:
-        params["blocks"] = stack_trees(
-            params["blocks"], what="blocks",
-            fix="Blocks that differ cannot be scanned: load with scan_layers=False (a list of blocks).")
-    _check_params(adapter.model_cls(config), params)
+        params["blocks"] = model.children["blocks"].stack(params["blocks"])
+    _check_params(model, params)
     return params
 
 
@@ -265,9 +263,10 @@ def params_to_hf(params: Params, config: Any) -> Dict[str, Tensor]:
         TypeError: `config` is not the config of a native family.
     """
     adapter = _adapter_for_config(config, "expected a {}, got {}.")
-    _check_params(adapter.model_cls(config), params)
+    model = adapter.model_cls(config)
+    _check_params(model, params)
     if config.scan_layers:
-        params = {**params, "blocks": unstack_trees(params["blocks"])}
+        params = {**params, "blocks": model.children["blocks"].unstack(params["blocks"])}
     return adapter.params_to_hf(params, config)
 
 

@@ -2,7 +2,7 @@
 
 Public names: `Param`, `Module`, `path_key`, `initializers` (module), `Linear`, `Embedding`,
 `LayerNorm`, `RMSNorm`, `Dropout`, `RotaryEmbedding`, `RopeScaling`, `rope_frequencies`,
-`apply_rotary`, `dot_product_attention`, `attention_mask`, `repeat_kv`, `Sequential`, `Stacked`,
+`apply_rotary`, `dot_product_attention`, `attention_mask`, `repeat_kv`, `Sequential`, `Stacked`, `Stacks`,
 `init_kv_cache`, `CachedCall` (the decoding cache).
 
 Attention, feed-forward layers and blocks live with their family, on the page of its `model.py`
@@ -49,6 +49,7 @@ from .rotary import apply_rotary as apply_rotary
 from .rotary import rope_frequencies as rope_frequencies
 from .stacked import Sequential as Sequential
 from .stacked import Stacked as Stacked
+from .stacked import Stacks as Stacks
 
 __all__ = [
     "CachedCall",
@@ -63,6 +64,7 @@ __all__ = [
     "RotaryEmbedding",
     "Sequential",
     "Stacked",
+    "Stacks",
     "apply_rotary",
     "attention_mask",
     "dot_product_attention",

@@ -1,6 +1,7 @@
-"""Repeated layers: `Sequential` (unrolled, a list of params) and `Stacked` (one stacked tree, scanned).
+"""Repeated layers: `Sequential` (unrolled, a list of params), `Stacked` (one stacked tree, scanned)
+and `Stacks` (consecutive `Stacked` runs: dense blocks, then mixture-of-experts ones).
 
-Public names: `Sequential`, `Stacked`.
+Public names: `Sequential`, `Stacked`, `Stacks`.
 
 Both give layer `i` the same init key (derived from the path `"<prefix>.<i>.<param>"`) and the
 same apply key (`split(key, n)[i]`), so for the same weights the two forms compute the same thing:
@@ -32,7 +33,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Tuple, Union
+import itertools
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from torch import Tensor
 
@@ -40,11 +42,11 @@ from ...core import pytree, random
 from ...core.remat_policies import remat_policy
 from ...core.transforms import remat as _remat
 from ...core.transforms import remat_scan
-from ...core.transforms import stack_trees
+from ...core.transforms import stack_trees, unstack_trees
 from ...core.types import Key, Params, PyTree
 from .module import Module
 
-__all__ = ["Sequential", "Stacked"]
+__all__ = ["Sequential", "Stacked", "Stacks"]
 
 
 def _layer_keys(key: Optional[Key], n: int) -> Optional[Tensor]:
@@ -127,17 +129,94 @@ class Stacked(Module):
         """
         return pytree.tree_map(lambda p: p.stacked(self.num_layers), self.layer.param_specs())
 
-    def init_at(self, key: Key, path: str) -> Params:
-        """Layer `i` is initialised at path `"<path>.<i>"` (as in `Sequential`), then stacked."""
-        per_layer = [self.layer.init_at(key, f"{path}.{i}" if path else str(i)) for i in range(self.num_layers)]
+    def init_at(self, key: Key, path: str, *, first: int = 0) -> Params:
+        """Layer `i` is initialised at path `"<path>.<first + i>"` (as in `Sequential`), then stacked."""
+        per_layer = [self.layer.init_at(key, f"{path}.{first + i}" if path else str(first + i))
+                     for i in range(self.num_layers)]
         return stack_trees(per_layer, what=f"{path or 'Stacked'} layers")  # leaves: (L, ...)
 
-    def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
+    def apply(self, params: Params, x: PyTree, *, key: Optional[Key] = None, **kwargs: Any) -> PyTree:
         """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
+        return self.apply_with_keys(params, x, _layer_keys(key, self.num_layers), **kwargs)
 
-        def layer(carry: Tensor, xs: Tuple[Params, Optional[Tensor]], kw: Any) -> Tensor:
+    def apply_with_keys(self, params: Params, x: PyTree, keys: Optional[Tensor], **kwargs: Any) -> PyTree:
+        """`apply` with the layers' keys given, `(num_layers,)` or None."""
+
+        def layer(carry: PyTree, xs: Tuple[Params, Optional[Tensor]], kw: Any) -> PyTree:
             return self.layer.apply(xs[0], carry, key=xs[1], **kw)
 
-        keys = _layer_keys(key, self.num_layers)
         # x may be a tree: a mixture of experts' router statistics ride along with the activations
         return remat_scan(layer, x, (params, keys), kwargs, policy=self.remat, name="ember.Stacked")
+
+    def stack(self, per_layer: Sequence[Params]) -> Params:
+        """This module's params from a list of per-layer params (`Sequential`'s layout)."""
+        return stack_trees(list(per_layer), what="blocks",
+                           fix="Blocks that differ cannot be scanned: load with scan_layers=False (a list of blocks).")
+
+    def unstack(self, params: Params) -> List[Params]:
+        """The per-layer params (`Sequential`'s layout) of this module's params."""
+        return unstack_trees(params)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stacks(Module):
+    """Consecutive runs of identical layers, each a `Stacked` (one rolled loop each way): dense blocks
+    first, then mixture-of-experts ones. Params are a list with one stacked tree per run.
+
+    Layer `i`, counted over all runs, is initialised and keyed as in `Sequential` (path
+    `"<prefix>.<i>"`, apply key `split(key, n)[i]`), so the three forms compute the same thing.
+    `Stacks.of(layers)` groups a list of layers, and returns a plain `Stacked` for a single run.
+
+    Attributes:
+        stacks: the runs, in order.
+    """
+
+    stacks: Tuple[Stacked, ...]
+
+    @classmethod
+    def of(cls, layers: Sequence[Module], *, remat: Union[str, bool] = "none") -> Module:
+        """`layers` as consecutive stacks of equal layers (a `Stacked` when they are all equal)."""
+        runs = [Stacked(layer, len(list(group)), remat=remat) for layer, group in itertools.groupby(layers)]
+        return runs[0] if len(runs) == 1 else cls(tuple(runs))
+
+    @property
+    def num_layers(self) -> int:
+        return sum(s.num_layers for s in self.stacks)
+
+    def validate(self) -> None:
+        if not isinstance(self.stacks, tuple) or not self.stacks or not all(isinstance(s, Stacked) for s in self.stacks):
+            raise TypeError(f"Stacks.stacks must be a non-empty tuple of Stacked, got {self.stacks!r}.")
+
+    def declare(self):
+        return {str(i): s for i, s in enumerate(self.stacks)}
+
+    def param_specs(self) -> PyTree:
+        """A list with each run's stacked declarations."""
+        return [s.param_specs() for s in self.stacks]
+
+    def init_at(self, key: Key, path: str) -> Params:
+        out, first = [], 0
+        for s in self.stacks:
+            out.append(s.init_at(key, path, first=first))
+            first += s.num_layers
+        return out
+
+    def apply(self, params: Params, x: PyTree, *, key: Optional[Key] = None, **kwargs: Any) -> PyTree:
+        """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
+        keys, first = _layer_keys(key, self.num_layers), 0
+        for s, p in zip(self.stacks, params):
+            x = s.apply_with_keys(p, x, None if keys is None else keys[first:first + s.num_layers], **kwargs)
+            first += s.num_layers
+        return x
+
+    def stack(self, per_layer: Sequence[Params]) -> Params:
+        """This module's params from a list of per-layer params (`Sequential`'s layout)."""
+        out, first = [], 0
+        for s in self.stacks:
+            out.append(s.stack(per_layer[first:first + s.num_layers]))
+            first += s.num_layers
+        return out
+
+    def unstack(self, params: Params) -> List[Params]:
+        """The per-layer params (`Sequential`'s layout) of this module's params."""
+        return [layer for s, p in zip(self.stacks, params) for layer in s.unstack(p)]

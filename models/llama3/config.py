@@ -70,7 +70,8 @@ class Llama3Config:
     """Standard deviation of weight init (HF `initializer_range`)."""
     scan_layers: bool = False
     """Stack the blocks' params along a leading "layers" axis and run them as one rolled loop each way
-    (`remat_scan`): compile time flat in depth. Best with remat "full" or "dots_saveable"; with "none"
+    (`remat_scan`): compile time flat in depth. Blocks of different kinds (dense, then mixture of
+    experts) become one stack per run of equal blocks (`Stacks`). Best with remat "full" or "dots_saveable"; with "none"
     every layer keeps all its results (1.85x the step's memory at 125M, BENCHMARKS.md)."""
     remat: str = "none"
     """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"

@@ -27,7 +27,8 @@ Parameter tree (`L = n_layers`, `d = d_model`, `V = vocab_size`, `H = n_heads`, 
 With `pad_token_id` set, that row of `wte.weight` gets no gradient from the lookup (HF's `padding_idx`).
 These are Hugging Face `LlamaForCausalLM`'s tensors in the same layout, with no transposes and no
 q/k permutation (RoPE uses HF's rotate-half pairing). With `scan_layers=True`, `blocks` is one tree
-with a leading `(L,)` dim.
+with a leading `(L,)` dim, or, where kinds of blocks follow one another (dense, then mixture of
+experts), a list with one such tree per run (`Stacks`).
 
 Example:
     >>> import torch
@@ -51,7 +52,7 @@ from ...core.partition_specs import constrain
 from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from .._checks import check_tokens
-from ..layers import Embedding, Linear, Module, RMSNorm, RotaryEmbedding, Sequential, Stacked
+from ..layers import Embedding, Linear, Module, RMSNorm, RotaryEmbedding, Sequential, Stacks
 from ..layers import dot_product_attention, repeat_kv
 from ..layers import initializers as inits
 from ..layers.axes import RESIDUAL_AXES
@@ -285,11 +286,8 @@ class Llama3(Module):
         std = inits.normal(c.init_std)  # HF LlamaPreTrainedModel._init_weights: N(0, initializer_range)
         layers = [self.block(i, std) for i in range(c.n_layers)]
         alike = all(layer == layers[0] for layer in layers)
-        if c.scan_layers and not alike:
-            raise ValueError(f"{type(c).__name__}: scan_layers=True stacks identical blocks, and this config mixes "
-                             f"kinds of blocks (dense and mixture-of-experts layers); set scan_layers=False.")
-        if c.scan_layers:
-            blocks = Stacked(layers[0], c.n_layers, remat=c.remat)
+        if c.scan_layers:  # one stack per run of equal blocks (dense first, then mixture-of-experts)
+            blocks = Stacks.of(layers, remat=c.remat)
         else:
             blocks = Sequential.repeat(layers[0], c.n_layers, remat=c.remat) if alike else Sequential(
                 tuple(layers), remat=c.remat)

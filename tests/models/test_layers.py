@@ -26,6 +26,7 @@ from ember.models.layers import (
     RotaryEmbedding,
     Sequential,
     Stacked,
+    Stacks,
     rope_frequencies,
 )
 from ember.models.layers import initializers as inits
@@ -411,6 +412,22 @@ def test_stacked_equals_sequential(remat):
     g_seq = grad(loss(seq))(p_seq, x)
     g_stk = grad(loss(stk))(p_stk, x)
     assert_trees_all_close(g_stk, stack_trees(g_seq), rtol=1e-5, atol=1e-7)
+
+
+def test_stacks_of_mixed_layers_equal_sequential():
+    wide = dataclasses.replace(_block(dropout=0.1), mlp=SwiGLU(D, 48))  # another kind: other shapes
+    layers = (_block(dropout=0.1),) * 2 + (wide,) * 3
+    assert isinstance(Stacks.of(layers[:2]), Stacked)  # one run is a plain Stacked
+    seq, stk = Sequential(layers), Stacks.of(layers, remat="full")
+    assert [s.num_layers for s in stk.stacks] == [2, 3]
+    p_seq, p_stk = seq.init(random.key(0)), stk.init(random.key(0))
+    assert_trees_all_equal(stk.unstack(p_stk), p_seq)  # same init, layer by layer
+    assert_trees_all_equal(stk.stack(p_seq), p_stk)
+    assert stk.axes[1]["mlp"]["down"]["weight"] == ("layers", "embed", "mlp")
+    x, key = _x(2, 5, D), random.key(9)
+    assert_trees_all_close(stk.apply(p_stk, x, key=key), seq.apply(p_seq, x, key=key), rtol=1e-6, atol=1e-6)
+    loss = lambda model: lambda p, x: (model.apply(p, x, key=key) ** 2).mean()  # noqa: E731
+    assert_trees_all_close(stk.unstack(grad(loss(stk))(p_stk, x)), grad(loss(seq))(p_seq, x), rtol=1e-5, atol=1e-7)
 
 
 def test_sequential_remat_grads_equal_plain():

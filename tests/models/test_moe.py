@@ -136,26 +136,34 @@ def test_scan_layers_and_remat_compute_what_the_list_of_blocks_computes():
     torch.testing.assert_close(g2["blocks"], stack_trees(g1["blocks"]), rtol=1e-5, atol=1e-6)
 
 
-def test_scan_layers_rolls_in_the_compiled_step():
+@pytest.mark.parametrize("first_dense_layers", [0, 2], ids=["moe", "dense-then-moe"])
+def test_scan_layers_rolls_in_the_compiled_step(first_dense_layers):
     # The router statistics ride along with the activations as a tree carry: one rolled loop each
-    # way, whatever the depth, and the gradients of the list of blocks.
+    # way per run of equal blocks, whatever the depth, and the gradients of the list of blocks.
     from ember.core.rolled_loop import _REGISTRY
-    from ember.core.transforms import stack_trees, value_and_grad
+    from ember.core.transforms import value_and_grad
 
-    listed = build_model("qwen3_moe", "tiny", n_layers=3, capacity_factor=1.0)
-    stacked = build_model("qwen3_moe", "tiny", n_layers=3, capacity_factor=1.0, scan_layers=True, remat="full")
+    shape = dict(n_layers=5, capacity_factor=1.0, first_dense_layers=first_dense_layers)
+    listed = build_model("qwen3_moe", "tiny", **shape)
+    stacked = build_model("qwen3_moe", "tiny", **shape, scan_layers=True, remat="full")
     params = listed.init(random.key(0))
-    stacked_params = dict(params, blocks=stack_trees(params["blocks"]))
+    blocks = stacked.children["blocks"]
+    stacked_params = dict(params, blocks=blocks.stack(params["blocks"]))
+    assert torch.equal(stacked.init(random.key(0))["wte"]["weight"], params["wte"]["weight"])
+    assert all(torch.equal(a, b) for a, b in zip(
+        torch.utils._pytree.tree_leaves(stacked.init(random.key(0))["blocks"]),
+        torch.utils._pytree.tree_leaves(stacked_params["blocks"])))  # same init, layer by layer
+    runs = 2 if first_dense_layers else 1
     tokens = random.randint(random.key(1), (2, 12), 0, 256)
     batch = {"inputs": tokens, "targets": tokens}
     loss = lambda model: lambda p: lm_loss(model)(p, batch, key=None)[0].mean()  # noqa: E731
     loops = lambda: [k for k in _REGISTRY.loops if k.startswith("ember.Stacked")]  # noqa: E731
     before = len(loops())
     value, grads = jit(value_and_grad(loss(stacked)))(stacked_params)
-    assert len(loops()) == before + 2  # the forward loop and the backward loop
+    assert len(loops()) == before + 2 * runs  # a forward loop and a backward loop per run
     want_value, want = value_and_grad(loss(listed))(params)
     torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(grads["blocks"], stack_trees(want["blocks"]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(blocks.unstack(grads["blocks"]), want["blocks"], rtol=1e-4, atol=1e-5)
 
 
 def test_expert_bias_moves_toward_balance_and_nothing_else_sees_it():

@@ -108,13 +108,16 @@ def test_logits_and_aux_loss_match_transformers(case):
 
 
 def test_export_is_exact_and_transformers_reloads_it(case, tmp_path):
-    """Through scan_layers=True where every layer is a MoE one (stacked blocks, unstacked on export)."""
+    """Through scan_layers=True: stacked blocks, or one stack per run where dense and MoE blocks
+    follow one another; unstacked on export."""
     model_type, entries, all_moe, hf, path = case
-    model, params = from_hf(path, scan_layers=all_moe)
+    model, params = from_hf(path, scan_layers=True)
     ids = _ids(40)
     if all_moe:
         assert params["blocks"]["mlp"]["gate"].shape[:2] == (3, model.config.n_experts)
-        assert _max_diff(model.apply(params, ids), _hf_logits(hf, ids)) < TOL
+    else:
+        assert isinstance(params["blocks"], list) and len(params["blocks"]) > 1
+    assert _max_diff(model.apply(params, ids), _hf_logits(hf, ids)) < TOL
     to_hf(model, params, tmp_path)
     _assert_files_equal(path, tmp_path)  # one tensor per expert, as save_pretrained writes them
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(
