@@ -7,8 +7,9 @@ Inside `jit(backend="inductor")` a Python loop unrolls into the traced graph, an
 body (`shared_call`) leaves per-iteration glue that AOTAutograd and Inductor pay for. Here the
 loop runs at run time instead: the step's graph holds one `ember::rolled_loop` node, whose
 implementation calls the body, compiled apart by `jit` once for every iteration, on each slice.
-The step's compile time then does not grow with the trip count. Everywhere else (eagerly, on XLA,
-under Dynamo, under `vmap`, with DTensor inputs) the loop is plain Python with the same result.
+The step's compile time then does not grow with the trip count. On torch_xla the loops are XLA
+`While`s; with DTensor inputs `rolled_sum` calls one shared body (`shared_call`) per slice; elsewhere
+(eagerly, under Dynamo, under `vmap`) the loop is plain Python with the same result.
 
 The node names its loop by an identifier unique in the process (`<name>#<n>:<digest of its output
 shapes>`, in trace order, so a second process tracing the same step names it alike and Inductor's
@@ -25,11 +26,14 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .compat.functorch import any_transform_active
 from .compat.shared_subgraph import run_untraced, sharing
+from .compat.xla_loop import inside_xla_fold, xla_fold
 from .define_once import define_once
 from .jit_backends.dtensor_local import has_dtensor
 from .jit_backends.traced import leaf_signature
 from .pytree import tree_flatten, tree_unflatten
+from .shared_call import shared_call
 from .types import PyTree
 
 __all__ = ["rolled_sum", "rolling"]
@@ -65,15 +69,19 @@ def _define_op() -> _Registry:
                 f"ember::rolled_loop {identifier!r} is not registered in this process: a graph holding "
                 "it runs only where ember's jit traced it. Call the step through ember.core.jit.")
         outs = loop.run(list(inputs))
-        given = {id(t) for t in inputs}  # an op's output may not be one of its inputs
+        # An op's output may not share memory with an input or another output (a layer passing part
+        # of its carry through returns it as it came; one tensor can stand for two leaves).
+        given = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
         results = []
         for out, (shape, stride, dtype, device) in zip(outs, loop.outputs):
             if tuple(out.shape) != shape or out.dtype != dtype:
                 raise RuntimeError(
                     f"{identifier}: the loop returned {tuple(out.shape)} {out.dtype} where its fake kernel "
                     f"said {shape} {dtype}; a loop body's outputs must not change shape between calls.")
-            if id(out) in given or out.stride() != stride:  # laid out as the fake kernel said
+            if (out.numel() and out.untyped_storage().data_ptr() in given) or out.stride() != stride:
                 out = torch.empty_strided(shape, stride, dtype=dtype, device=device).copy_(out)
+            if out.numel():
+                given.add(out.untyped_storage().data_ptr())
             results.append(out)
         return results
 
@@ -195,11 +203,13 @@ class Compiled:
 
 def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTree, *,
                name: str = "ember.rolled_sum") -> PyTree:
-    """`sum(fn(consts, x) for x in slices of xs along dim 0)`, leaf by leaf; one node in ember's step.
+    """`sum(fn(consts, x) for x in slices of xs along dim 0)`, leaf by leaf; a loop that rolls.
 
     In `jit(backend="inductor")` the sum runs as one `ember::rolled_loop` node: `fn` is compiled
-    once apart from the step, and its results are accumulated in place (donated). Elsewhere it is
-    a Python loop. Non-tensor leaves of `fn`'s result (a `None`) must be the same every call.
+    once apart from the step, and its results are accumulated in place (donated). On torch_xla the
+    first slice is added to the rest by one XLA `While`. Elsewhere it is a Python loop whose calls
+    are `shared_call`s (on DTensor, one compiled body). Non-tensor leaves of `fn`'s result (a
+    `None`) must be the same every call.
 
     Args:
         fn: a pure function of `(consts, x)` returning a pytree of tensors.
@@ -210,11 +220,14 @@ def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTre
     xs_flat = Flat(xs)
     length = xs_flat.tensors[0].shape[0]
     if not rolling((consts, xs)):
-        total = fn(consts, xs_flat.rebuild([t[0] for t in xs_flat.tensors]))
+        total = shared_call(fn, name, consts, xs_flat.rebuild([t[0] for t in xs_flat.tensors]))
+        if all(t.device.type == "xla" for t in xs_flat.tensors) and not any_transform_active() and not inside_xla_fold():
+            rest = xs_flat.rebuild([t[1:] for t in xs_flat.tensors])
+            folded = xla_fold(lambda acc, x: _add(acc, fn(consts, x)), total, rest)
+            if folded is not None:
+                return folded
         for i in range(1, length):
-            leaves, spec = tree_flatten(total)
-            new = tree_flatten(fn(consts, xs_flat.rebuild([t[i] for t in xs_flat.tensors])))[0]
-            total = tree_unflatten([a + b if isinstance(a, Tensor) else a for a, b in zip(leaves, new)], spec)
+            total = _add(total, shared_call(fn, name, consts, xs_flat.rebuild([t[i] for t in xs_flat.tensors])))
         return total
     consts_flat = Flat(consts)
     example = Flat(run_untraced(fn, consts, xs_flat.rebuild([t[0] for t in xs_flat.tensors])))
@@ -237,3 +250,8 @@ def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTre
     results = run_loop(name, run, [*consts_flat.tensors, *xs_flat.tensors], outputs)
     return example.rebuild(results)
 
+
+def _add(total: PyTree, new: PyTree) -> PyTree:
+    leaves, spec = tree_flatten(total)
+    added = tree_flatten(new)[0]
+    return tree_unflatten([a + b if isinstance(a, Tensor) else a for a, b in zip(leaves, added)], spec)

@@ -14,16 +14,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..compat.xla_loop import xla_fold
-from ..pytree import keystr, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
+from ..pytree import keystr, tree_flatten_with_path, tree_map, tree_unflatten
 from ..random import fold_in
-from ..rolled_loop import rolled_sum, rolling
-from ..shared_call import shared_call
+from ..rolled_loop import rolled_sum
 from ..transforms import value_and_grad
 from ..tree_math import (
     apply_updates,
     global_norm,
-    tree_add,
     tree_cast,
     tree_scale,
     tree_where,
@@ -233,26 +230,16 @@ def train_step(
         batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
         if microbatches == 1:  # the batch's own mean (token-weighted for a TokenLoss) is the answer
             return loss_and_grads(params, batch, step_key)
-        # Each microbatch compiles once, not `microbatches` times: under jit(backend="inductor") the
-        # loop is one node whose body is compiled apart (`rolled_sum`), or, where that cannot run
-        # (DTensor), every microbatch is a call of one compiled body (`shared_call`); on XLA
+        # One loop (`rolled_sum`): under jit(backend="inductor") one node whose body is compiled
+        # once apart from the step; on DTensor one shared compiled body per microbatch; on XLA
         # microbatches 2..k are one While.
-        chunks = split_microbatches(batch, microbatches)
-        keys = [fold_in(step_key, i) if step_key is not None else None for i in range(microbatches)]
-        if rolling((params, batch)):
-            grads, value, count, aux = rolled_sum(
-                lambda p, x: microbatch(p, *x), params,
-                (_stack_microbatches(batch, microbatches), torch.stack(keys) if step_key is not None else None),
-                name="ember.train_step.microbatches")
-            return _normalise(grads, value, count, aux, microbatches)
-        total = shared_call(microbatch, "ember.train_step.microbatch", params, chunks[0], keys[0])
-        rolled = _fold_on_xla(lambda acc, x: _add_microbatch(acc, microbatch(params, *x)), total,
-                              batch, step_key, microbatches)
-        if rolled is None:
-            for chunk, key in zip(chunks[1:], keys[1:]):
-                total = _add_microbatch(total, shared_call(microbatch, "ember.train_step.microbatch",
-                                                           params, chunk, key))
-        return _normalise(*(total if rolled is None else rolled), microbatches)
+        keys = None
+        if step_key is not None:
+            keys = torch.stack([fold_in(step_key, i) for i in range(microbatches)])
+        grads, value, count, aux = rolled_sum(lambda p, x: microbatch(p, *x), params,
+                                              (_stack_microbatches(batch, microbatches), keys),
+                                              name="ember.train_step.microbatches")
+        return _normalise(grads, value, count, aux, microbatches)
 
     def step(state: Any, batch: Batch) -> Tuple[Any, Metrics]:
         check_state(state, "train_step's step(state, batch)")
@@ -322,31 +309,11 @@ def _normalise(grads: Any, value: Tensor, count: Optional[Tensor], aux: Dict[str
     return tree_scale(grads, scale), value * scale, None, aux
 
 
-def _add_microbatch(total: Tuple[Any, ...], new: Tuple[Any, ...]) -> Tuple[Any, ...]:
-    """`(grads, value, count, aux)` summed leaf by leaf (count None for mean losses)."""
-    grads, value, count, aux = total
-    grads_i, value_i, count_i, aux_i = new
-    count = count + count_i if count is not None else None
-    return tree_add(grads, grads_i), value + value_i, count, {k: aux[k] + aux_i[k] for k in aux}
-
-
 def _stack_microbatches(batch: Batch, microbatches: int) -> Batch:
     """`batch` with each tensor leaf's dim 0 split into `(microbatches, B // microbatches)` (views)."""
+    split_microbatches(batch, microbatches)  # a batch that does not split raises its clear error here
     return tree_map(lambda t: t.reshape(microbatches, t.shape[0] // microbatches, *t.shape[1:])
                     if isinstance(t, Tensor) else t, batch)
-
-
-def _fold_on_xla(add: Callable, total: Tuple[Any, ...], batch: Batch, step_key: Optional[Key],
-                 microbatches: int) -> Optional[Tuple[Any, ...]]:
-    """Microbatches 2..k added into `total` by one XLA While, or None off XLA (the caller loops)."""
-    leaves = tree_leaves(batch)
-    if not leaves or not all(isinstance(x, Tensor) and x.device.type == "xla" for x in leaves):
-        return None
-    rest = tree_map(lambda t: t[1:], _stack_microbatches(batch, microbatches))
-    keys = None
-    if step_key is not None:
-        keys = fold_in(step_key, torch.arange(1, microbatches, dtype=torch.int64, device=step_key.device))
-    return xla_fold(add, total, (rest, keys))
 
 
 def _aux_f32(aux: Dict[str, Tensor]) -> Dict[str, Tensor]:

@@ -17,7 +17,6 @@ import torch
 
 from ember.core import TrainState, jit, random
 from ember.core.pytree import tree_map
-from ember.core.scan import stack_trees
 from ember.core.step_fns import train_step
 from ember.core.tree_math import tree_bytes
 from ember.models import build_model, lm_loss
@@ -67,7 +66,8 @@ def ember_variant(s: Setup, *, backend: str, donate: str = "state", compute_dtyp
 def _scanned_variant(s: Setup) -> Variant:
     """The donated Inductor step on `s`'s model with its layers stacked and scanned, from the same weights."""
     model = build_model(s.cfg.family, dataclasses.replace(s.cfg.model, scan_layers=True))
-    scanned = dataclasses.replace(s, model=model, params={**s.params, "blocks": stack_trees(s.params["blocks"])})
+    blocks = model.children["blocks"].stack(s.params["blocks"])
+    scanned = dataclasses.replace(s, model=model, params={**s.params, "blocks": blocks})
     variant = ember_variant(scanned, backend="inductor")
     variant.notes += f" with model.scan_layers=True (remat {s.cfg.model.remat!r})"
     return variant

@@ -112,8 +112,8 @@ def test_remat_scan_under_vmap_and_grad_of_grad_runs_plainly():
     torch.testing.assert_close(second, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("policy", ["full", "dots_saveable", "none"])
-def test_remat_scan_rolls_a_tree_carry(policy):
+@pytest.mark.parametrize("policy, length", [("full", 5), ("dots_saveable", 5), ("none", 5), ("none", 1)])
+def test_remat_scan_rolls_a_tree_carry(policy, length):
     # Activations with statistics riding along (a mixture of experts' router losses), an integer
     # counter among them: one loop each way, the plain scan's values and gradients.
     def layer(carry, x, _):
@@ -121,23 +121,24 @@ def test_remat_scan_rolls_a_tree_carry(policy):
         w, _key = x
         new = torch.tanh(h @ w["w"] + w["b"]) + h
         sq = new.pow(2).mean()
-        return new, {"sq": stats["sq"] + sq, "sq_again": stats["sq_again"] + sq, "calls": stats["calls"] + 1}
+        return new, {"sq": stats["sq"] + sq, "sq_again": stats["sq_again"] + sq, "calls": stats["calls"] + 1,
+                     "passed": stats["passed"].view(-1).view(())}  # returned as it came, through a view
 
     def loss(params, h, scan_fn):
         zero = torch.zeros(())  # one object twice: the compiled layer returns one tensor for both sums
-        stats = {"sq": zero, "sq_again": zero, "calls": torch.zeros((), dtype=torch.int64)}
+        stats = {"sq": zero, "sq_again": zero, "calls": torch.zeros((), dtype=torch.int64), "passed": torch.ones(())}
         h, stats = scan_fn(layer, (h, stats), params)
         return h.pow(2).sum() + stats["sq"] + stats["sq_again"], stats["calls"]
 
     rolled = lambda fn, carry, params: remat_scan(fn, carry, (params, keys), policy=policy, name="test.tree")  # noqa: E731
     plain = lambda fn, carry, params: scan(lambda c, x: (fn(c, x, None), None), carry, (params, keys))[0]  # noqa: E731
-    params, keys = _stack(5)
+    params, keys = _stack(length)
     h = torch.randn(3, 4)
     before = len(_loops("test.tree"))
     (value, calls), grads = jit(value_and_grad(lambda p, h: loss(p, h, rolled), argnums=(0, 1), has_aux=True))(params, h)
     assert len(_loops("test.tree")) == before + 1 and len(_loops("test.tree.backward")) >= 1
     (want_value, want_calls), want = value_and_grad(lambda p, h: loss(p, h, plain), argnums=(0, 1), has_aux=True)(params, h)
-    assert int(calls) == int(want_calls) == 5
+    assert int(calls) == int(want_calls) == length
     torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads, want, rtol=1e-5, atol=1e-5)
     eager = value_and_grad(lambda p, h: loss(p, h, rolled), argnums=(0, 1), has_aux=True)(params, h)
