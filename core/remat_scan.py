@@ -28,11 +28,11 @@ from .compat.shared_subgraph import run_untraced, sharing
 from .compat.xla_loop import inside_xla_fold, xla_scan
 from .jit_backends.dtensor_local import has_dtensor
 from .jit_backends.trace import FunctionError
+from .pytree import tree_flatten
 from .remat import _differentiable, remat
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, remat_policy, unflatten_saved
 from .rolled_loop import Compiled, Flat, meta, new_stacked, rolling, run_loop
 from .scan import scan
-from .pytree import tree_flatten
 from .types import PyTree
 
 __all__ = ["remat_scan"]
@@ -102,14 +102,9 @@ class _Plan:
         if not self.policy.saves_anything:
             return self.layer(h, x, c), []
         wrt_x, wrt_c = _floating(x), _floating(c)
-        primals = self.primals(h, x, c, wrt_x, wrt_c)
-        n_diff = len(self.diff_h)
+        layer = self.layer_wrt(h, x, c, wrt_x, wrt_c)
 
         def recorded(*diff: Tensor) -> Tuple[List[Tensor], List[Tensor]]:
-            h_full = list(h)
-            for i, t in zip(self.diff_h, diff[:n_diff]):
-                h_full[i] = t
-            layer = self.layer_wrt(h_full, x, c, wrt_x, wrt_c)
             with Record(self.policy) as record:
                 new = layer(*diff)
             keys, structures, kept = flatten_saved(record.saved)
@@ -117,7 +112,7 @@ class _Plan:
             passed = set(map(id, diff))  # a compiled body may not return its input
             return new, [t.clone() if id(t) in passed else t for t in kept]
 
-        return run_differentiated(recorded, primals)
+        return run_differentiated(recorded, self.primals(h, x, c, wrt_x, wrt_c))
 
     def split(self, tensors: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
         n = len(self.xs.tensors)
