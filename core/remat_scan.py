@@ -23,15 +23,13 @@ import torch
 from torch import Tensor
 
 from .autograd_grad import pull_back, run_differentiated
-from .compat.functorch import any_transform_active
 from .compat.shared_subgraph import run_untraced, sharing
-from .compat.xla_loop import inside_xla_fold, xla_scan
-from .jit_backends.dtensor_local import has_dtensor
+from .compat.xla_loop import xla_scan
 from .jit_backends.trace import FunctionError
 from .pytree import tree_flatten
 from .remat import _differentiable, remat
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, remat_policy, unflatten_saved
-from .rolled_loop import Compiled, Flat, meta, new_stacked, rolling, run_loop
+from .rolled_loop import Compiled, Flat, meta, new_stacked, rolling, run_loop, xla_loop_possible
 from .scan import scan
 from .types import PyTree
 
@@ -262,12 +260,6 @@ class _RematScan(torch.autograd.Function):
         return (None, *plan.backward(saved[:n], saved[n:], grads_h, ctx.needs_input_grad[1:]))
 
 
-def _xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
-    """On torch_xla, under no `torch.func` transform, and not inside another XLA loop's body."""
-    return (all(t.device.type == "xla" for t in tensors) and not has_dtensor(list(tensors))
-            and not any_transform_active() and not inside_xla_fold())
-
-
 def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs: PyTree,
                consts: PyTree = None, *, policy: Union[str, RematPolicy, bool] = "full",
                name: str = "ember.remat_scan") -> PyTree:
@@ -307,7 +299,7 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
     # 2.9's scan body fails functionalization ("isFunctionalTensor(base_)", measured on none and
     # dots_saveable); the others run unrolled there.
     all_tensors = [*carry_flat.tensors, *xs_flat.tensors, *consts_flat.tensors]
-    on_xla = not chosen.saves_anything and _xla_loop_possible(all_tensors)
+    on_xla = not chosen.saves_anything and xla_loop_possible(all_tensors)
     if not (on_xla or rolling((carry, xs, consts))):
         step = remat(lambda c, x, k: fn(c, x, k), policy=policy, shared=True)
         return scan(lambda c, x: (step(c, x, consts), None), carry, xs)[0]

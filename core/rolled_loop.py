@@ -96,6 +96,13 @@ def _define_op() -> _Registry:
 _REGISTRY = define_once("rolled_loop", _define_op)  # one registry, however often ember is imported
 
 
+def xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
+    """Whether a loop over `tensors` can be an XLA `While` here: all on torch_xla, no DTensor, under
+    no `torch.func` transform, and not inside another XLA loop's body."""
+    return (bool(tensors) and all(t.device.type == "xla" for t in tensors) and not has_dtensor(list(tensors))
+            and not any_transform_active() and not inside_xla_fold())
+
+
 def rolling(tree: PyTree) -> bool:
     """Whether a loop over `tree`'s tensors would run as one `ember::rolled_loop` node here: inside
     ember's Inductor trace, under no `torch.func` transform, with no DTensor among them."""
@@ -221,7 +228,7 @@ def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTre
     length = xs_flat.tensors[0].shape[0]
     if not rolling((consts, xs)):
         total = shared_call(fn, name, consts, xs_flat.rebuild([t[0] for t in xs_flat.tensors]))
-        if all(t.device.type == "xla" for t in xs_flat.tensors) and not any_transform_active() and not inside_xla_fold():
+        if xla_loop_possible(xs_flat.tensors):
             rest = xs_flat.rebuild([t[1:] for t in xs_flat.tensors])
             folded = xla_fold(lambda acc, x: _add(acc, fn(consts, x)), total, rest)
             if folded is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -79,11 +79,13 @@ def _leaf_key(leaf: Any, seen: Dict[Any, int], keep: List[Any]) -> Any:
         return ("O", id(leaf))
 
 
-def leaf_signature(leaves: List[Any]) -> Tuple[Any, ...]:
-    """What `FxCompiled` keys tensor leaves on: shapes, strides, dtypes, devices, and which leaves
-    are one object or share a storage. A call with a new signature traces and compiles."""
+def leaf_signature(leaves: List[Any], keep: Optional[List[Any]] = None) -> Tuple[Any, ...]:
+    """What `FxCompiled` keys leaves on: shapes, strides, dtypes, devices, which leaves are one
+    object or share a storage, and constants (unhashable ones by identity, held in `keep`). A call
+    with a new signature traces and compiles."""
     seen: Dict[Any, int] = {}
-    return tuple(_leaf_key(x, seen, []) for x in leaves)
+    keep = [] if keep is None else keep
+    return tuple(_leaf_key(x, seen, keep) for x in leaves)
 
 
 class FxCompiled:
@@ -107,11 +109,10 @@ class FxCompiled:
                    for t in leaves if isinstance(t, Tensor))
 
     def __call__(self, leaves: List[Any], spec: Any) -> Tuple[Any, bool]:
-        seen: Dict[Any, int] = {}
         keep: List[Any] = []
         # Storage pointers tell aliasing views apart; they cost a lookup per call, as Dynamo's
         # guards do in C++. Global modes that change the traced graph are part of the key too.
-        key = (spec, tuple(_leaf_key(x, seen, keep) for x in leaves), torch.is_grad_enabled(),
+        key = (spec, leaf_signature(leaves, keep), torch.is_grad_enabled(),
                torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"),
                torch.get_autocast_dtype("cpu"), torch.get_autocast_dtype("cuda"))
         unique = _unique_tensors(leaves)

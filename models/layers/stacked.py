@@ -194,28 +194,24 @@ class Stacks(Module):
         """A list with each run's stacked declarations."""
         return [s.param_specs() for s in self.stacks]
 
+    def _runs(self) -> List[Tuple[int, Stacked]]:
+        """Each run with the index of its first layer among all layers."""
+        firsts = itertools.accumulate((s.num_layers for s in self.stacks), initial=0)
+        return list(zip(firsts, self.stacks))
+
     def init_at(self, key: Key, path: str) -> Params:
-        out, first = [], 0
-        for s in self.stacks:
-            out.append(s.init_at(key, path, first=first))
-            first += s.num_layers
-        return out
+        return [s.init_at(key, path, first=first) for first, s in self._runs()]
 
     def apply(self, params: Params, x: PyTree, *, key: Optional[Key] = None, **kwargs: Any) -> PyTree:
         """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
-        keys, first = _layer_keys(key, self.num_layers), 0
-        for s, p in zip(self.stacks, params):
+        keys = _layer_keys(key, self.num_layers)
+        for (first, s), p in zip(self._runs(), params):
             x = s.apply_with_keys(p, x, None if keys is None else keys[first:first + s.num_layers], **kwargs)
-            first += s.num_layers
         return x
 
     def stack(self, per_layer: Sequence[Params]) -> Params:
         """This module's params from a list of per-layer params (`Sequential`'s layout)."""
-        out, first = [], 0
-        for s in self.stacks:
-            out.append(s.stack(per_layer[first:first + s.num_layers]))
-            first += s.num_layers
-        return out
+        return [s.stack(per_layer[first:first + s.num_layers]) for first, s in self._runs()]
 
     def unstack(self, params: Params) -> List[Params]:
         """The per-layer params (`Sequential`'s layout) of this module's params."""
