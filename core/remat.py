@@ -293,7 +293,8 @@ def remat(
 
     @functools.wraps(fn)
     def rematted(*args: Any, **kwargs: Any) -> Any:
-        if any_transform_active() or torch.compiler.is_dynamo_compiling():
+        # Dynamo first: it cannot trace the query of torch.func's level (inside its torch.func.grad).
+        if torch.compiler.is_dynamo_compiling() or any_transform_active():
             return fn(*args, **kwargs)  # their engine would keep what remat recomputes: run plainly
         n = len(args)
         static_pos = set()
