@@ -23,9 +23,11 @@ from typing import Any, Callable, ContextManager, Iterator, List, Optional, Sequ
 import torch
 from torch import Tensor
 
+from .compat.functorch import any_transform_active
 from .pytree import tree_flatten, tree_map, tree_unflatten
 
-__all__ = ["autograd_value_and_grad", "held_through_backward", "pull_back", "run_differentiated"]
+__all__ = ["autograd_value_and_grad", "detached_vjp", "held_through_backward", "pull_back", "run_differentiated",
+           "torch_func_here"]
 
 # How many autograd-path gradients enclose this one (trace-time bookkeeping, not step state).
 _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("ember_autograd_grad_depth", default=0)
@@ -47,6 +49,14 @@ def held_through_backward(context: ContextManager[Any]) -> Iterator[None]:
     context.__enter__()
     held.append(context)
     yield
+
+
+def torch_func_here() -> bool:
+    """Whether gradients here are `torch.func`'s to take: inside one of its transforms (vmap, jvp, a
+    user's `torch.func.grad`), whose engine would not see autograd's, or while Dynamo traces, which
+    traces `torch.func.grad` but not `torch.autograd.grad`. Dynamo is asked first: it cannot trace
+    torch.func's level query inside its own `torch.func.grad`."""
+    return torch.compiler.is_dynamo_compiling() or any_transform_active()
 
 
 def _fresh_leaves(arg: Any, nested: bool) -> Tuple[Any, List[Tensor]]:
@@ -132,3 +142,31 @@ def pull_back(fn: Callable[..., Sequence[Tensor]], primals: Sequence[Tensor],
         return [torch.zeros_like(p) for p in primals]
     return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True,
                                     materialize_grads=True, create_graph=create))
+
+
+def detached_vjp(fn: Callable[..., Tensor], *primals: Any) -> Tuple[Tensor, Callable[[Tensor], Tuple[Any, ...]]]:
+    """`(out, pull)` as `torch.func.vjp(fn, *primals)` gives them, with the primals' history cut off.
+
+    `out` is `fn(*primals)` detached; `pull(cotangent)` the gradient of `<out, cotangent>` for each
+    primal (pytrees like them; zeros where `out` does not depend on a leaf), once. Taken by
+    `torch.autograd.grad` on fresh leaves, the engine of ember's `grad`; inside a `torch.func`
+    transform or under Dynamo by `torch.func.vjp`, which composes there.
+    """
+    if torch_func_here():
+        return torch.func.vjp(fn, *_detached(primals))
+    trees, leaves = [], []
+    for primal in primals:
+        flat, spec = tree_flatten(primal)
+        fresh = [t.detach().requires_grad_(True) if isinstance(t, Tensor) and t.is_floating_point() else t
+                 for t in flat]
+        trees.append((spec, fresh))
+        leaves += [t for t in fresh if isinstance(t, Tensor) and t.requires_grad]
+    with torch.enable_grad():
+        out = fn(*(tree_unflatten(fresh, spec) for spec, fresh in trees))
+
+    def pull(cotangent: Tensor) -> Tuple[Any, ...]:
+        found = iter(torch.autograd.grad(out, leaves, cotangent, allow_unused=True, materialize_grads=True))
+        return tuple(tree_unflatten([next(found) if isinstance(t, Tensor) and t.requires_grad else t for t in fresh],
+                                    spec) for spec, fresh in trees)
+
+    return out.detach(), pull

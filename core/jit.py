@@ -9,7 +9,9 @@ This module validates arguments and delegates; each backend lives in `core/jit_b
       grad mode, autocast). Tensor *values* never recompile, so pass tunables such as the learning
       rate as tensors. Tracing is strict like `torch.compile(fullgraph=True)`: reading a value
       (`.item()`, `if loss > 0`) fails at trace time. Deterministic by default (see
-      `jit_backends/inductor.py`); `tracer` picks `make_fx` tracing (default) or Dynamo.
+      `jit_backends/inductor.py`). Traced with `make_fx`; only a call whose inputs require grad
+      (a jitted function differentiated from outside) or are tensor subclasses other than DTensor
+      goes through Dynamo (`torch.compile(fullgraph=True)`), which compiles its backward too.
     - `"xla"`: arguments on `torch_xla.device()`; one graph cut per call, compiled once per
       signature. Backward passes on XLA work whatever ran before the runtime started (a CPU
       backward sizes autograd's device queues for 0 XLA devices; the step then runs its backward
@@ -70,14 +72,12 @@ from .jit_backends.cuda_graph import cuda_graph_refusal
 from .jit_backends.donation import donation_error, make_entry, short_repr
 from .pytree import tree_is_leaf, tree_leaves_with_path
 
-__all__ = ["Backend", "Donate", "Jitted", "Tracer", "jit"]
+__all__ = ["Backend", "Donate", "Jitted", "jit"]
 
 Backend = Literal["eager", "inductor", "xla"]
 Donate = Literal["none", "state"]
-Tracer = Literal["make_fx", "dynamo"]
 _BACKENDS: Tuple[str, ...] = get_args(Backend)
 _DONATES: Tuple[str, ...] = get_args(Donate)
-_TRACERS: Tuple[str, ...] = get_args(Tracer)
 
 _MSG_NOT_A_PYTREE = (
     "jit(donate='state') donates the first positional argument, which must be a pytree of tensors "
@@ -170,14 +170,14 @@ class Jitted:
     """
 
     def __init__(self, fn: Callable, *, backend: Backend, donate: Donate, mode: Optional[str],
-                 options: Optional[Dict[str, Any]], deterministic: bool, tracer: Tracer,
+                 options: Optional[Dict[str, Any]], deterministic: bool,
                  static: Tuple[Tuple[int, ...], Tuple[str, ...]] = ((), ()), cuda_graph: bool = False) -> None:
         self.fn, self.backend, self.donate, self.static = fn, backend, donate, static
         self.cuda_graph = cuda_graph
         entry = make_entry(fn, donate)
         if backend == "inductor":
             self._backend: Any = InductorBackend(entry, donate=donate, mode=mode, options=options,
-                                                 deterministic=deterministic, tracer=tracer, cuda_graph=cuda_graph)
+                                                 deterministic=deterministic, cuda_graph=cuda_graph)
         elif backend == "xla":
             self._backend = XlaBackend(entry)
         else:
@@ -242,7 +242,6 @@ def jit(
     mode: Optional[str] = None,
     options: Optional[Dict[str, Any]] = None,
     deterministic: bool = True,
-    tracer: Tracer = "make_fx",
     cuda_graph: bool = False,
     static_argnums: Union[None, int, Sequence[int]] = None,
     static_argnames: Union[None, str, Sequence[str]] = None,
@@ -262,9 +261,6 @@ def jit(
         options: Inductor config options (`{"max_autotune": True}`); inductor only; not with `mode`.
         deterministic: inductor only: compile with deterministic algorithms, so repeated calls on
             the same inputs give the same bits (the cost is in BENCHMARKS.md). False opts out.
-        tracer: inductor only: `"make_fx"` traces plain-tensor calls once per signature and hands
-            the graph to Inductor (DTensor or grad-requiring inputs still go through Dynamo);
-            `"dynamo"` sends every call through `torch.compile(fullgraph=True)`.
         cuda_graph: inductor on a CUDA GPU only: run each compiled signature once, then capture it as
             one CUDA graph and replay that (meant for a donated step; outputs other than the donated
             state are copied out of the graph's memory each call). Off by default.
@@ -300,17 +296,15 @@ def jit(
             raise ValueError(f"jit got donate={donate!r} and donate_argnums / donate_argnames meaning "
                              f"donate={jax_donate!r} (JAX's spelling of donate); pass only one.")
         donate = jax_donate  # type: ignore[assignment]
-    for arg, value, choices in (("backend", backend, _BACKENDS), ("donate", donate, _DONATES),
-                                ("tracer", tracer, _TRACERS)):
+    for arg, value, choices in (("backend", backend, _BACKENDS), ("donate", donate, _DONATES)):
         if value not in choices:
             raise _choice_error(arg, value, choices)
     if not isinstance(cuda_graph, bool):
         raise TypeError(f"jit(cuda_graph=...) takes True or False, got {cuda_graph!r}.")
-    refusal = cuda_graph_refusal(backend, tracer, mode, options) if cuda_graph else None
+    refusal = cuda_graph_refusal(backend, mode, options) if cuda_graph else None
     if refusal:
         raise ValueError(refusal)
-    inductor_only = {"mode": mode, "options": options, "deterministic": deterministic is not True,
-                     "tracer": tracer != "make_fx"}
+    inductor_only = {"mode": mode, "options": options, "deterministic": deterministic is not True}
     given = [k for k, v in inductor_only.items() if v is not None and v is not False]
     if backend != "inductor" and given:
         raise ValueError(
@@ -324,7 +318,7 @@ def jit(
         )
     if fn is None:
         return functools.partial(jit, backend=backend, donate=donate, mode=mode, options=options,
-                                 deterministic=deterministic, tracer=tracer, cuda_graph=cuda_graph,
+                                 deterministic=deterministic, cuda_graph=cuda_graph,
                                  static_argnums=static_argnums,
                                  static_argnames=static_argnames, donate_argnums=donate_argnums,
                                  donate_argnames=donate_argnames)
@@ -340,4 +334,4 @@ def jit(
         raise ValueError("jit(donate='state') donates the first argument, which static_argnums marks static (a "
                          "Python value, not a tensor state); drop 0 from static_argnums or the donation.")
     return Jitted(fn, backend=backend, donate=donate, mode=mode, options=options,
-                  deterministic=deterministic, tracer=tracer, static=static, cuda_graph=cuda_graph)
+                  deterministic=deterministic, static=static, cuda_graph=cuda_graph)

@@ -57,8 +57,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .autograd_grad import pull_back
-from .compat.functorch import any_transform_active
+from .autograd_grad import pull_back, torch_func_here
 from .compat.shared_subgraph import sharing
 from .pytree import tree_flatten, tree_unflatten
 from .remat_barrier import tie_to_gradient
@@ -293,8 +292,7 @@ def remat(
 
     @functools.wraps(fn)
     def rematted(*args: Any, **kwargs: Any) -> Any:
-        # Dynamo first: it cannot trace the query of torch.func's level (inside its torch.func.grad).
-        if torch.compiler.is_dynamo_compiling() or any_transform_active():
+        if torch_func_here():
             return fn(*args, **kwargs)  # their engine would keep what remat recomputes: run plainly
         n = len(args)
         static_pos = set()

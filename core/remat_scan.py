@@ -3,15 +3,15 @@
 Public name: `remat_scan` (also exported from `ember.core.transforms`).
 
 `remat_scan(fn, carry, xs, consts, policy=...)` computes what `scan` of `remat(fn, policy=...)`
-computes: the forward keeps each layer's input and what the policy names (stacked over layers),
-and the backward recomputes one layer at a time, handing the kept results back instead of
-recomputing them (`remat_policies.Replay`). Policy `"none"` keeps every result and recomputes
-nothing (`everything_saveable`). In ember's Inductor step the forward loop and the backward loop
-are each one `ember::rolled_loop` node (`rolled_loop.py`): a layer's forward and its vjp are
-compiled once, apart from the step, so the step's compile time does not grow with depth. On
-torch_xla, with a policy that keeps nothing (`"full"`), they are XLA `While`s. Elsewhere (eagerly,
-under Dynamo or `vmap`, with DTensor inputs) it is `scan` of `remat(fn, shared=True)`: the same
-numbers.
+computes: the forward keeps each layer's input and what the policy names (layer by layer; stacked
+over layers in torch_xla's While), and the backward recomputes one layer at a time, handing the kept
+results back instead of recomputing them (`remat_policies.Replay`). Policy `"none"` keeps every
+result and recomputes nothing (`everything_saveable`). In ember's Inductor step the forward loop and
+the backward loop are each one `ember::rolled_loop` node (`rolled_loop.py`): a layer's forward and
+its vjp are compiled once, apart from the step, so the step's compile time does not grow with depth.
+On torch_xla, with a policy that keeps nothing (`"full"`), they are XLA `While`s. Elsewhere
+(eagerly, under Dynamo or `vmap`, with DTensor inputs) it is `scan` of `remat(fn, shared=True)`: the
+same numbers.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ class _Plan:
     """The layer as a function of flat tensor lists, and its forward and backward loops.
 
     The carry is a list of tensors `h` (the leaves of the carry's pytree); gradients flow through
-    its floating ones (`self.diff_h`). Saved for the backward, stacked over layers: each layer's
-    carry tensors, then what the policy kept (laid out as `kept_layout`).
+    its floating ones (`self.diff_h`). Saved for the backward, layer by layer: each layer's carry
+    tensors, then what the policy kept (laid out as `kept_layout`); returning them as they are,
+    rather than copied into buffers stacked over layers, saves a copy of every kept result.
     """
 
     def __init__(self, fn: Callable, carry: Flat, xs: Flat, consts: Flat, length: int, policy: RematPolicy,
@@ -55,6 +56,7 @@ class _Plan:
         self.n_h = len(carry.tensors)
         self.diff_h = _floating(carry.tensors)
         self.kept_layout: Any = ([], [])
+        self.saved_stacked = False  # whether `forward` returned what it saved stacked over layers (XLA)
         self.compiled_layer = Compiled(self.recorded_layer)
 
     def layer(self, h: List[Tensor], x: List[Tensor], c: List[Tensor]) -> List[Tensor]:
@@ -117,23 +119,19 @@ class _Plan:
         return list(tensors[:n]), list(tensors[n:])
 
     def forward(self, h: List[Tensor], tensors: Sequence[Tensor]) -> Tuple[Tensor, ...]:
-        """The last carry tensors, every layer's carry tensors stacked, and each kept result stacked."""
+        """The last carry tensors, then what the backward needs of each layer (`layer_saved`): its
+        carry tensors and what the policy kept, layer after layer; on torch_xla each stacked over layers."""
         x_all, c_all = self.split(tensors)
         n_h = self.n_h
 
         def loop(inputs: List[Tensor], layer: Callable = self.recorded_layer) -> List[Tensor]:
             h, (x, c) = inputs[:n_h], self.split(inputs[n_h:])
-            stacked = [new_stacked(t, self.length) for t in h]
-            kept_stacked: List[Tensor] = []
+            saved: List[Tensor] = []
             for i in range(self.length):
-                for buffer, t in zip(stacked, h):
-                    buffer[i].copy_(t)
-                h, kept = layer(h, [t[i] for t in x], c)
-                if i == 0:
-                    kept_stacked = [new_stacked(k, self.length) for k in kept]
-                for buffer, k in zip(kept_stacked, kept):
-                    buffer[i].copy_(k)
-            return [*h, *stacked, *kept_stacked]
+                new, kept = layer(h, [t[i] for t in x], c)
+                saved += [*h, *kept]
+                h = new
+            return [*h, *saved]
 
         if self.on_xla:
             def body(h_i: List[Tensor], x_i: List[Tensor]) -> Tuple[List[Tensor], Tuple[List[Tensor], List[Tensor]]]:
@@ -143,19 +141,28 @@ class _Plan:
             out = xla_scan(body, list(h), x_all)
             if out is not None:
                 last, (stacked, kept_stacked) = out
+                self.saved_stacked = True
                 return (*last, *stacked, *kept_stacked)
         if not sharing():  # eagerly, or differentiated twice (grad of grad): plain ops
             return tuple(loop([*h, *tensors]))
         # The loop's outputs: what one layer keeps, learned without recording it in the step's graph.
         _, kept = run_untraced(self.recorded_layer, list(h), [t[0] for t in x_all], c_all)
-        outputs = [*map(meta, h), *(meta(t, self.length) for t in h), *(meta(k, self.length) for k in kept)]
+        outputs = [*map(meta, h), *[meta(t) for t in (*h, *kept)] * self.length]
         return tuple(run_loop(self.name, lambda ins: loop(ins, self.compiled_layer), [*h, *tensors], outputs))
+
+    def layer_saved(self, saved: Sequence[Tensor], i: int) -> Tuple[List[Tensor], List[Tensor]]:
+        """Layer `i`'s carry tensors and kept results, out of what `forward` returned for the backward."""
+        if self.saved_stacked:
+            return [t[i] for t in saved[:self.n_h]], [k[i] for k in saved[self.n_h:]]
+        width = len(saved) // self.length  # each layer's carry tensors, then its kept results
+        layer = saved[i * width:(i + 1) * width]
+        return list(layer[:self.n_h]), list(layer[self.n_h:])
 
     def backward(self, saved: Sequence[Tensor], tensors: Sequence[Tensor], grads_h: List[Tensor],
                  needs: Sequence[bool]) -> List[Optional[Tensor]]:
         """Gradients for the carry tensors and each tensor of `xs` and `consts` that `needs` asks for.
 
-        `saved` is the stacked carry tensors followed by the stacked kept results; `grads_h` the
+        `saved` is what `forward` returned for the backward (`layer_saved`); `grads_h` the
         gradients of the last carry's floating tensors.
         """
         n_h, diff_h = self.n_h, self.diff_h
@@ -183,13 +190,12 @@ class _Plan:
         n_saved = len(saved)
 
         def loop(inputs: List[Tensor], step: Callable = layer_vjp) -> List[Tensor]:
-            stacked, kept = inputs[:n_h], inputs[n_h:n_saved]
-            n_in = len(inputs) - len(diff_h)
+            saved_in, n_in = inputs[:n_saved], len(inputs) - len(diff_h)
             (x, c), g = self.split(inputs[n_saved:n_in]), inputs[n_in:]
             grads_x = [new_stacked(x[i][0], self.length) for i in need_x]
             grads_c: List[Any] = [None] * len(need_c)
             for i in reversed(range(self.length)):
-                g, g_x, g_c = step([t[i] for t in stacked], [k[i] for k in kept], [t[i] for t in x], c, g)
+                g, g_x, g_c = step(*self.layer_saved(saved_in, i), [t[i] for t in x], c, g)
                 for buffer, value in zip(grads_x, g_x):
                     buffer[i].copy_(value)
                 grads_c = [b if a is None else a + b for a, b in zip(grads_c, g_c)]
@@ -197,7 +203,7 @@ class _Plan:
 
         inputs = [*saved, *tensors, *grads_h]
         results = None
-        if self.on_xla:
+        if self.saved_stacked:
             results = _backward_on_xla(layer_vjp, saved, n_h, x_all, c_all, grads_h, need_c)
         if results is None and sharing():
             outputs = [*map(meta, grads_h), *(meta(x_all[i]) for i in need_x), *(meta(c_all[i]) for i in need_c)]
@@ -256,7 +262,8 @@ class _RematScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
         plan, n, saved = ctx.plan, ctx.n_saved, ctx.saved_tensors
-        grads_h = [torch.zeros_like(saved[i][0]) if grads[i] is None else grads[i] for i in plan.diff_h]
+        first = plan.layer_saved(saved[:n], 0)[0]
+        grads_h = [torch.zeros_like(first[i]) if grads[i] is None else grads[i] for i in plan.diff_h]
         return (None, *plan.backward(saved[:n], saved[n:], grads_h, ctx.needs_input_grad[1:]))
 
 

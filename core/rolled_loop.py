@@ -8,8 +8,8 @@ body (`shared_call`) leaves per-iteration glue that AOTAutograd and Inductor pay
 loop runs at run time instead: the step's graph holds one `ember::rolled_loop` node, whose
 implementation calls the body, compiled apart by `jit` once for every iteration, on each slice.
 The step's compile time then does not grow with the trip count. On torch_xla the loops are XLA
-`While`s; with DTensor inputs `rolled_sum` calls one shared body (`shared_call`) per slice; elsewhere
-(eagerly, under Dynamo, under `vmap`) the loop is plain Python with the same result.
+`While`s; elsewhere (eagerly, under Dynamo, under `vmap`, with DTensor inputs) the loop is plain
+Python with the same result: with DTensors the step's graph then holds every iteration.
 
 The node names its loop by an identifier unique in the process (`<name>#<n>:<digest of its output
 shapes>`, in trace order, so a second process tracing the same step names it alike and Inductor's
@@ -215,7 +215,7 @@ def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTre
     In `jit(backend="inductor")` the sum runs as one `ember::rolled_loop` node: `fn` is compiled
     once apart from the step, and its results are accumulated in place (donated). On torch_xla the
     first slice is added to the rest by one XLA `While`. Elsewhere it is a Python loop whose calls
-    are `shared_call`s (on DTensor, one compiled body). Non-tensor leaves of `fn`'s result (a
+    are `shared_call`s (plain calls with DTensor arguments). Non-tensor leaves of `fn`'s result (a
     `None`) must be the same every call.
 
     Args:

@@ -4,7 +4,9 @@
 the same `name`, argument structure, tensor shapes/strides/dtypes and non-tensor leaves becomes one
 node of a single shared subgraph (`compat/shared_subgraph.py`), which Inductor compiles once: a
 loop over 16 microbatches or 24 layers costs one body's compile instead of 16 or 24. Eagerly, on
-XLA, under Dynamo and under `vmap` it is a plain call. `fn` must be pure (the traced body is reused
+XLA, under Dynamo, under `vmap` and with DTensor arguments it is a plain call (torch's
+`invoke_subgraph` has no DTensor rule: "There was no rule registered for HOP invoke_subgraph and
+subclass DTensor", torch 2.15). `fn` must be pure (the traced body is reused
 for every call), and must not depend on Python objects other than its arguments' non-tensor
 leaves, which are part of the key.
 """
@@ -17,6 +19,7 @@ from typing import Any, Callable, Dict, List, Tuple
 from torch import Tensor
 
 from .compat.shared_subgraph import call_shared, function_index, sharing
+from .jit_backends.dtensor_local import has_dtensor
 from .pytree import tree_flatten, tree_unflatten
 
 __all__ = ["shared_call"]
@@ -48,6 +51,8 @@ def shared_call(fn: Callable[..., Any], name: str, *args: Any) -> Any:
     if not sharing():
         return fn(*args)
     leaves, spec = tree_flatten(args)
+    if has_dtensor(leaves):
+        return fn(*args)
     parts = [_key_part(x) for x in leaves]
     spec_text = repr(spec)
     if any(p is None for p in parts) or " at 0x" in spec_text:

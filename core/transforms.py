@@ -38,8 +38,7 @@ from typing import Any, Callable, Literal, Optional, Sequence, Tuple, Union, get
 
 import torch
 
-from .autograd_grad import autograd_value_and_grad
-from .compat.functorch import any_transform_active
+from .autograd_grad import autograd_value_and_grad, torch_func_here
 from .pytree import tree_leaves, tree_leaves_with_path
 from .remat import remat as remat
 from .remat_policies import checkpoint_name as checkpoint_name
@@ -271,9 +270,7 @@ def value_and_grad(fn: Callable, argnums: Argnums = 0, *, has_aux: bool = False)
 
     @functools.wraps(fn)
     def value_and_grad_fn(*args: Any, **kwargs: Any) -> Any:
-        # torch.func where its transforms compose (inside vmap / jvp / grad) or Dynamo traces.
-        use_func = any_transform_active() or torch.compiler.is_dynamo_compiling()
-        grads, value = call(inner if use_func else by_autograd, *args, **kwargs)
+        grads, value = call(inner if torch_func_here() else by_autograd, *args, **kwargs)
         return value, grads
 
     return value_and_grad_fn

@@ -77,7 +77,8 @@ def test_no_module_edits_sys_path():
 
 
 def test_launch_is_a_package_its_scripts_import_from():
-    for script in ("train.py", "tpu_pod.py", "bench.py", "ckpt.py", "bench_ckpt.py", "bench_scale.py", "spmd_run.py"):
+    for script in ("train.py", "tpu_pod.py", "bench.py", "ckpt.py", "bench_ckpt.py", "bench_scale.py", "bench_house.py",
+                   "spmd_run.py"):
         text = (ROOT / "launch" / script).read_text()
         assert "import _" not in text, f"launch/{script} imports a private sibling by file name"
     assert (ROOT / "launch" / "__init__.py").is_file()

@@ -41,14 +41,11 @@ _MSG_NOT_ON_CUDA = (
 )
 
 
-def cuda_graph_refusal(backend: str, tracer: str, mode: Optional[str], options: Optional[dict]) -> Optional[str]:
+def cuda_graph_refusal(backend: str, mode: Optional[str], options: Optional[dict]) -> Optional[str]:
     """Why `jit(cuda_graph=True)` cannot be honoured with these arguments on this machine, or None."""
     if backend != "inductor":
         return (f"jit(cuda_graph=True) captures the Inductor-compiled step as a CUDA graph, but backend="
                 f"{backend!r} compiles no graph to capture; use backend='inductor' or drop cuda_graph=True.")
-    if tracer != "make_fx":
-        return (f"jit(cuda_graph=True) captures the graph that tracer='make_fx' hands to Inductor, but got "
-                f"tracer={tracer!r}; drop tracer=... or drop cuda_graph=True.")
     if mode == "reduce-overhead" or (options or {}).get("triton.cudagraphs"):
         return ("jit(cuda_graph=True) captures the whole step itself, and mode='reduce-overhead' / "
                 "options={'triton.cudagraphs': True} ask Inductor to capture its own CUDA graphs inside it; "

@@ -9,8 +9,12 @@
   memory-efficient, math; of those the user left enabled), with `torch.nn.attention.sdpa_kernel`.
 - `CUBLAS_WORKSPACE_CONFIG=:4096:8` (cuBLAS's deterministic workspaces), set when the first such
   step is built unless the environment already names one; it must be set before cuBLAS starts.
-The user's own settings (deterministic algorithms, Inductor's deterministic mode, SDPA backends)
-are restored after every call. On a GPU the first call logs one notice line (logger "ember").
+- `torch.utils.deterministic.fill_uninitialized_memory` off: every buffer a step allocates is
+  written before it is read, and Inductor's own buffers are never filled, but with it on each
+  `torch.empty` an ATen op or a rolled loop makes is first filled with NaN (its cost to a rolled
+  step is in BENCHMARKS.md).
+The user's own settings (deterministic algorithms and filling, Inductor's deterministic mode, SDPA
+backends) are restored after every call. On a GPU the first call logs one notice line (logger "ember").
 """
 
 from __future__ import annotations
@@ -81,16 +85,19 @@ def deterministic_algorithms() -> Iterator[None]:
 
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
     backends = deterministic_sdpa_backends()
     with contextlib.ExitStack() as stack:
         stack.enter_context(kept_inductor_deterministic())
         if backends:  # none left: the user disabled them all, and SDPA says so itself
             stack.enter_context(sdpa_kernel(backends))
         torch.use_deterministic_algorithms(True, warn_only=False)
+        torch.utils.deterministic.fill_uninitialized_memory = False
         try:
             yield
         finally:
             torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+            torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def determinism_error(err: BaseException, device: str) -> Optional[RuntimeError]:

@@ -5,9 +5,10 @@ Two ways in, chosen per call by the inputs:
   once per input signature with `make_fx` and handed to Inductor (`traced.py`), like `jax.jit`;
   DTensors enter the graph as their local shards (`dtensor_local.py`). Measured against
   `torch.compile` on both torch lines in BENCHMARKS.md (first call cold and warm, step, memory).
-- tensors that require grad (an autograd graph through the call), other subclasses:
-  `torch.compile(fullgraph=True, dynamic=False)`, Dynamo's public path.
-`tracer="dynamo"` sends every call through Dynamo.
+- tensors that require grad (a jitted function differentiated from outside: its backward is
+  compiled too), other tensor subclasses: `torch.compile(fullgraph=True, dynamic=False)`, Dynamo's
+  public path. A whole-step Dynamo option (`tracer="dynamo"`) was removed: it compiled the same
+  step 1.8x slower cold and 4.4x slower warm (BENCHMARKS.md, "One tracer").
 
 Determinism: an embedding's backward is a scatter-add (`index_put_` with accumulate). Inductor
 keeps it as a call of the ATen kernel, which on a multi-threaded CPU adds with atomics unless
@@ -40,7 +41,7 @@ __all__ = ["InductorBackend", "deterministic_algorithms"]
 
 class InductorBackend:
     def __init__(self, entry: Callable[..., Tuple[Any, bool]], *, donate: str, mode: Optional[str],
-                 options: Optional[Dict[str, Any]], deterministic: bool, tracer: str,
+                 options: Optional[Dict[str, Any]], deterministic: bool,
                  cuda_graph: bool = False) -> None:
         # Every compile happens inside a call, so one scope covers compiling and running.
         self._deterministic = deterministic
@@ -48,7 +49,6 @@ class InductorBackend:
         if deterministic and torch.cuda.is_available():
             ensure_cublas_workspace_config()  # before cuBLAS starts: it reads it once
         self._donate = donate
-        self._tracer = tracer
         self._counter = CountingInductor(mode, options)
         self._cuda_graph = cuda_graph  # each traced graph replayed as a CUDA graph (`cuda_graph.py`)
         self._traced = FxCompiled(entry, cuda_graphed(self._counter) if cuda_graph else self._counter)
@@ -75,10 +75,10 @@ class InductorBackend:
 
     def _dispatch(self, args: tuple, kwargs: dict, leaves: list, spec: Any) -> Tuple[Any, bool]:
         with self._around_call():
-            if self._tracer == "make_fx" and dtensor_local.has_dtensor(leaves):
+            if dtensor_local.has_dtensor(leaves):
                 self._refuse_cuda_graph("a DTensor argument (a sharded step)")
                 out, ok = self._call_on_local_shards(leaves, spec)
-            elif self._tracer == "make_fx" and FxCompiled.accepts(leaves):
+            elif FxCompiled.accepts(leaves):
                 out, ok = self._traced(leaves, spec)
             else:
                 self._refuse_cuda_graph("a tensor that requires grad (such calls go through Dynamo)")

@@ -245,12 +245,19 @@ def shard(tree: Any, sharding: Sharding, *, axes: Any, params: Any = None) -> An
     return _place_tree(tree, specs, sharding.lowering)
 
 
-def shard_batch(batch: Any, sharding: Sharding, *, axes: Sequence[Optional[str]] = ("batch", "sequence")) -> Any:
+BATCH_AXES = ("batch", "sequence")  # a batch tensor's leading dimensions, unless `shard_batch` is told others
+
+
+def batch_axes(ndim: int, axes: Sequence[Optional[str]] = BATCH_AXES) -> Tuple[Optional[str], ...]:
+    """The logical names of a batch tensor's `ndim` dimensions: `axes` first, the rest None (whole)."""
+    return (tuple(axes) + (None,) * ndim)[:ndim]
+
+
+def shard_batch(batch: Any, sharding: Sharding, *, axes: Sequence[Optional[str]] = BATCH_AXES) -> Any:
     """Place a batch: each tensor's leading dimensions called `axes` (default batch, sequence), the rest whole."""
 
     def spec(x: torch.Tensor) -> PartitionSpec:
-        names = (tuple(axes) + (None,) * x.dim())[: x.dim()]
-        return sharding.compute_spec(names)
+        return sharding.compute_spec(batch_axes(x.dim(), axes))
 
     specs = tree_map(lambda x: spec(x) if isinstance(x, torch.Tensor) else None, batch)
     return _place_tree(batch, specs, sharding.lowering)

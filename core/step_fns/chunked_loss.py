@@ -3,7 +3,7 @@
 Public names: `chunked_cross_entropy`.
 
 The tokens are cut into chunks of `chunk_size`. Each chunk's logits are computed, reduced to its
-loss and, when gradients are being taken, differentiated at once (the head with `torch.func.vjp`,
+loss and, when gradients are being taken, differentiated at once (the head with `detached_vjp`,
 the cross-entropy in closed form) on detached inputs, so only one chunk's logits and their gradient
 are alive at a time. The gradients reach the caller's transform through a surrogate whose value is
 the loss and whose gradient is the one computed chunk by chunk: `loss + sum(x * g) - stop_gradient(sum(x * g))`. That is plain autograd,
@@ -18,6 +18,7 @@ from typing import Any, Callable, List
 import torch
 from torch import Tensor
 
+from ..autograd_grad import detached_vjp
 from ..pytree import tree_flatten, tree_map
 from ..types import PyTree
 from .losses import cross_entropy
@@ -76,14 +77,13 @@ def chunked_cross_entropy(
         return TokenLoss(torch.stack(totals).sum(), count)
 
     # Each chunk is differentiated now, on inputs detached from the caller's transform, so nothing
-    # of it is kept for the caller's backward pass: the head through `vjp` (a linear head saves only
+    # of it is kept for the caller's backward pass: the head through its vjp (a linear head saves only
     # its inputs), the cross-entropy by its closed form, which needs one (n, V) buffer beside the logits.
-    p_const = tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, head_params)
     totals: List[Tensor] = []
     d_hidden: List[Tensor] = []
     d_params: Any = None
     for h_chunk, y_chunk in _chunks(h.detach(), y, chunk_size):
-        logits, head_vjp = torch.func.vjp(head, p_const, h_chunk)  # (n, V)
+        logits, head_vjp = detached_vjp(head, head_params, h_chunk)  # (n, V)
         total, d_logits = _cross_entropy_and_grad(logits, y_chunk, ignore_index, z_loss)
         g_params, g_hidden = head_vjp(d_logits)
         totals.append(total)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..partition_specs.sharding import batch_axes, constrain
 from ..pytree import keystr, tree_flatten_with_path, tree_map, tree_unflatten
 from ..random import fold_in
 from ..rolled_loop import rolled_sum
@@ -231,7 +232,7 @@ def train_step(
         if microbatches == 1:  # the batch's own mean (token-weighted for a TokenLoss) is the answer
             return loss_and_grads(params, batch, step_key)
         # One loop (`rolled_sum`): under jit(backend="inductor") one node whose body is compiled
-        # once apart from the step; on DTensor one shared compiled body per microbatch; on XLA
+        # once apart from the step; on DTensor a Python loop (traced per microbatch); on XLA
         # microbatches 2..k are one While.
         keys = None
         if step_key is not None:
@@ -310,10 +311,17 @@ def _normalise(grads: Any, value: Tensor, count: Optional[Tensor], aux: Dict[str
 
 
 def _stack_microbatches(batch: Batch, microbatches: int) -> Batch:
-    """`batch` with each tensor leaf's dim 0 split into `(microbatches, B // microbatches)` (views)."""
+    """`batch` with each tensor leaf's dim 0 split into `(microbatches, B // microbatches)`, each
+    microbatch laid out as `shard_batch` lays out a batch. Microbatch `i` is rows `i * B // m` onward
+    on every mesh; a reshape alone would shard the microbatch dim, and each slice would then be
+    gathered whole onto every device."""
     split_microbatches(batch, microbatches)  # a batch that does not split raises its clear error here
-    return tree_map(lambda t: t.reshape(microbatches, t.shape[0] // microbatches, *t.shape[1:])
-                    if isinstance(t, Tensor) else t, batch)
+
+    def stack(t: Tensor) -> Tensor:
+        stacked = t.reshape(microbatches, t.shape[0] // microbatches, *t.shape[1:])
+        return constrain(stacked, (None, *batch_axes(t.dim())))
+
+    return tree_map(lambda t: stack(t) if isinstance(t, Tensor) else t, batch)
 
 
 def _aux_f32(aux: Dict[str, Tensor]) -> Dict[str, Tensor]:

@@ -77,7 +77,6 @@ VARIANTS: Dict[str, Callable[[Setup], Variant]] = {
     "ember_inductor_donated": lambda s: ember_variant(s, backend="inductor"),
     "ember_inductor": lambda s: ember_variant(s, backend="inductor", donate="none"),
     "ember_inductor_donated_noskip": lambda s: ember_variant(s, backend="inductor", skip_nonfinite=False),
-    "ember_inductor_dynamo": lambda s: ember_variant(s, backend="inductor", tracer="dynamo"),
     "ember_inductor_nondeterministic": lambda s: ember_variant(s, backend="inductor", deterministic=False),
     "ember_inductor_scan": _scanned_variant,
     "ember_inductor_no_patches": lambda s: ember_variant(s, backend="inductor", patches=False),

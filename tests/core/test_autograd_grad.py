@@ -64,3 +64,27 @@ def test_an_argument_already_requiring_grad_stays_differentiable_by_outer_autogr
     g = grad(lambda w: (w**2).sum())(w)  # 2w, recorded for the outer backward
     (g.sum()).backward()
     torch.testing.assert_close(w.grad, torch.tensor([2.0, 2.0]))
+
+
+def test_detached_vjp_equals_torch_func_vjp_on_both_engines():
+    from ember.core.autograd_grad import detached_vjp
+
+    p, x = _params()
+    p = {**p, "steps": torch.tensor(3)}  # an integer leaf: passed through, no gradient
+    x = x.requires_grad_(True)  # history cut off: nothing reaches x's own graph
+    head = lambda p, x: torch.tanh(x @ p["w"]) + p["b"] * p["steps"]  # noqa: E731
+    cotangent = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    floats = {k: p[k] for k in ("w", "b")}
+    want_out, want_pull = torch.func.vjp(lambda f, r: head({**f, "steps": p["steps"]}, r), floats, x.detach())
+    want = want_pull(cotangent)
+    out, pull = detached_vjp(head, p, x)  # torch.autograd.grad
+    assert not out.requires_grad and torch.equal(out, want_out)
+    got = pull(cotangent)
+    assert torch.equal(got[0]["steps"], p["steps"]) and x.grad is None
+    for g, w in ((got[0]["w"], want[0]["w"]), (got[0]["b"], want[0]["b"]), (got[1], want[1])):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    # Inside a torch.func transform the same call goes through torch.func.vjp and composes with it.
+    with_steps = lambda f, r: head({**f, "steps": p["steps"]}, r)  # noqa: E731
+    per_row = vmap(lambda r: detached_vjp(with_steps, floats, r)[1](cotangent[0])[1])(x.detach())
+    rows = [torch.func.vjp(lambda r: with_steps(floats, r), x[i].detach())[1](cotangent[0])[0] for i in range(5)]
+    torch.testing.assert_close(per_row, torch.stack(rows))

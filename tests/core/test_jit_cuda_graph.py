@@ -26,7 +26,6 @@ def test_refused_without_a_gpu():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(backend="eager"), r"backend='eager' compiles no graph.*backend='inductor'"),
     (dict(backend="xla"), r"backend='xla' compiles no graph"),
-    (dict(tracer="dynamo"), r"tracer='dynamo'"),
     (dict(mode="reduce-overhead"), r"reduce-overhead.*pass only one"),
 ])
 def test_refused_with_arguments_it_cannot_honour(kwargs, match):

@@ -77,7 +77,8 @@ USER_SETTINGS = [  # (deterministic algorithms, warn_only, flash SDPA enabled)
 
 def _settings() -> tuple:
     return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-            torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled())
+            torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled(),
+            torch.utils.deterministic.fill_uninitialized_memory)
 
 
 @pytest.mark.parametrize("enabled,warn_only,flash", USER_SETTINGS, ids=["off", "warn_only", "warn_only_no_flash"])
@@ -98,7 +99,8 @@ def test_a_deterministic_step_is_strict_inside_and_restores_the_users_settings(e
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         torch.backends.cuda.enable_flash_sdp(before[2])
-    assert seen == [(True, False, flash, False)]  # strict, cuDNN attention off, the user's flash choice kept
+    # strict, cuDNN attention off, the user's flash choice kept, no NaN filling of fresh buffers
+    assert seen == [(True, False, flash, False, False)]
     assert after == user
 
 

@@ -1,7 +1,8 @@
 """Token weighting and the chunked loss on 2-device meshes equal one device (`_mesh_parity.py`).
 
 - `token_weighting`, dp=2: rank 0's rows hold more valid tokens than rank 1's; the sharded step
-  with 1 and 2 microbatches gives the single-device loss, count and gradients.
+  with 1 and 2 microbatches gives the single-device loss, count and gradients, and on DTensor each
+  microbatch stays split over the two ranks.
 - `chunked_loss`, tp=2: a Llama whose head is sharded over the vocabulary, with `loss_chunk_size`,
   gives the plain (unchunked) loss and gradients of one device.
 
@@ -18,6 +19,7 @@ import sys
 import pytest
 import torch
 
+import _token_weighting
 from _token_weighting import make_case
 
 WORKER = pathlib.Path(__file__).with_name("_mesh_parity.py")
@@ -55,7 +57,13 @@ def test_token_weighting_case_gives_ranks_different_counts():
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["token_weighting", "chunked_loss"])
 def test_dtensor_mesh_matches_one_device(case, tmp_path):
-    check_against_reference(run_worker("dtensor", case, tmp_path), ("eager", "inductor"))
+    results = run_worker("dtensor", case, tmp_path)
+    check_against_reference(results, ("eager", "inductor"))
+    if case == "token_weighting":  # a microbatch's rows stay split over dp: B / (m * 2) per device
+        for key, got in results.items():
+            if not key.endswith("/reference"):
+                m = int(key.rsplit("/", 1)[1])
+                assert got["rows"] == [_token_weighting.B // (2 * m)], (key, got["rows"])
 
 
 @pytest.mark.slow

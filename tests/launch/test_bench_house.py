@@ -1,0 +1,37 @@
+"""launch/bench_house.py counts the house's figures of a checkout (no time, no torch)."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from ember.launch import bench_house
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_figures_count_code_calls_and_private_names_but_not_docstring_mentions(tmp_path):
+    core = tmp_path / "core"
+    (core / "compat").mkdir(parents=True)
+    (core / "testing").mkdir()
+    (core / "compat" / "inductor.py").write_text("import torch\n\n# a comment\nx = torch._inductor.config\n")
+    (core / "remat.py").write_text('"""Uses `torch.func.vjp(...)` and `is_dynamo_compiling()`."""\n'
+                                   "if torch.compiler.is_dynamo_compiling():\n    torch.func.vjp(f, x)\n")
+    (core / "tree_math.py").write_text("torch._foreach_add(a, b)\n")
+    (core / "testing" / "helpers.py").write_text("torch._C._whatever()\n" * 50)
+    got = bench_house.figures(tmp_path)
+    assert got == {"core code lines": 6, "compile machinery lines": 5, "private torch names in core/compat/": 1,
+                   "private torch names elsewhere in core/": 1, "is_dynamo_compiling() branches": 1,
+                   "torch.func.vjp calls": 1}
+
+
+def test_the_script_prints_one_column_per_checkout_and_names_a_wrong_root(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "bench_house.py"), str(ROOT), str(ROOT)],
+                          capture_output=True, text=True, check=True)
+    rows = proc.stdout.strip().splitlines()
+    assert len(rows) == 2 + len(bench_house.FIGURES) and rows[2].startswith("| core code lines |")
+    first, second = rows[2].split("|")[2:4]
+    assert first == second and int(first.strip().replace(",", "")) > 1000
+    with pytest.raises(SystemExit, match="has no core/ folder; pass the root of an ember checkout"):
+        bench_house.figures(tmp_path)
