@@ -19,14 +19,14 @@ TORCH_LATEST ?= torch
 TORCH_MID ?= 2.13.0
 # The tests whose outcome depends on the torch release: the compat patches and what they serve (rolled
 # loops, shared bodies, compiled DTensor steps, the launchers under torchrun, expert parallelism on
-# DTensor) and the wheel, which imports every module. The older lines run these (2.9 also every XLA
+# DTensor), the wheel, which imports every module, and the suite's own grouping under xdist. The older lines run these (2.9 also every XLA
 # test); the rest of the suite runs on the newest line, which keeps CI within its time on two cores.
 VERSION_TESTS ?= tests/core/test_compat.py tests/core/test_compat_inductor_batching.py \
 	tests/core/test_compat_inductor_frees.py tests/core/test_compat_gloo_all_gather.py \
 	tests/core/test_rolled_loop.py tests/core/test_shared_call.py tests/core/test_jit_tracing.py \
 	"tests/launch/test_torchrun.py::test_launcher_under_torchrun_compiles_and_matches_one_process[fsdp=4]" \
-	tests/launch/test_torchrun_gloo.py tests/partition_specs/test_moe_dtensor.py tests/test_wheel.py \
-	tests/core/test_autograd_grad.py tests/models/test_bridge_checkpointing.py
+	tests/partition_specs/test_moe_dtensor.py tests/test_wheel.py \
+	tests/core/test_autograd_grad.py tests/models/test_bridge_checkpointing.py tests/test_xdist_grouping.py
 # torch_xla wheels exist for Linux x86-64 only: elsewhere the [xla] extra installs torch 2.9 without
 # it and the XLA tests skip; on Linux x86-64 a skipped XLA test fails the run (EMBER_REQUIRE_XLA=1).
 XLA_PLATFORM := $(shell $(PYTHON) -c "import platform,sys; print(int(sys.platform=='linux' and platform.machine()=='x86_64'))")

@@ -65,7 +65,7 @@ def _tail(proc):
 def test_compiled_gloo_gathers_use_the_out_op_and_survive_many_calls(tmp_path):
     """The regression: 2000 calls of a compiled function with 8 gathers in flight. Without the patch
     this aborted 10 of 12 runs on torch 2.15 (SIGABRT 'malloc(): unaligned tcache chunk detected',
-    or SIGSEGV) and 0 of 4 on torch 2.9 (there `test_torchrun_gloo.py` and the repro below show it)."""
+    or SIGSEGV) and 0 of 4 on torch 2.9 (there the repro below shows it)."""
     proc = _torchrun("jit", 2000, tmp_path / "ops.json")
     assert proc.returncode == 0 and proc.stdout.count("WORKER_OK") == 2, _tail(proc)
     assert json.loads((tmp_path / "ops.json").read_text()) == {"coalesced": 0, "out": 8}

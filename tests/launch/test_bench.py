@@ -48,7 +48,7 @@ def test_quick_run_reports_every_default_variant(tmp_path):
     assert "; malloc: keeps freed memory." in (tmp_path / "B.md").read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.bench  # a section of the script end to end: `make test-bench`
 def test_scan_variant_trains_the_same_weights_stacked(tmp_path):
     res, stdout = _bench(tmp_path, "--variants", "ember_eager,ember_inductor_scan", "--model.n_layers", "2",
                          "--data.batch_size", "4", "--data.seq_len", "32")
@@ -73,7 +73,7 @@ def test_memory_and_xla_children(tmp_path):
     assert "more over 5 steps" in stdout
 
 
-@pytest.mark.slow
+@pytest.mark.bench  # a section of the script end to end: `make test-bench`
 def test_compile_times_run_cold_then_warm_in_fresh_processes(tmp_path):
     res, stdout = _bench(tmp_path, "--variants", "ember_eager,torch_eager", "--compile-times", "ember_eager",
                          "--markdown", str(tmp_path / "B.md"), *SMALL)
