@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-MODULE = '''
+GROUPED = '''
 import os, pytest
 pytestmark = pytest.mark.xdist_group("one")
 
@@ -20,16 +20,23 @@ def shared(tmp_path_factory):
 def test_grouped(shared, i):
     pass
 '''
+OTHER = '''
+import pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_other(i):
+    pass
+'''
 
 
 def test_a_grouped_modules_fixture_runs_once_over_two_workers(tmp_path):
-    (tmp_path / "test_grouped.py").write_text(MODULE)
-    (tmp_path / "test_other.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(6))\ndef test_other(i):\n    pass\n")
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    (tmp_path / "test_other.py").write_text(OTHER)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the repository's options
     setups = tmp_path / "setups.txt"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
-                           str(tmp_path)], capture_output=True, text=True,
-                          cwd=tmp_path, env={**os.environ, "SETUPS": str(setups)}, timeout=300)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "SETUPS": str(setups)},
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     workers = setups.read_text().split()
     assert len(workers) == 1, (
