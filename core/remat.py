@@ -258,7 +258,7 @@ def remat(
         shared: in `jit(backend="inductor")`, every call of the returned function with the same
             shapes runs one compiled forward and one compiled backward (`ember.core.shared_call`):
             a stack of identical layers compiles like one layer. With `policy="none"` the calls
-            keep every result (`"everything_saveable"`) and recompute nothing.
+            keep every result but reshapes and 0-d ones (`"everything_saveable"`).
 
     Returns:
         A function with `fn`'s signature and outputs whose backward pass re-runs `fn`.

@@ -12,8 +12,9 @@ op, which other results to keep, like `jax.checkpoint_policies`:
   batched products are recomputed too.
 - `save_names("qkv", ...)` (on the command line `"save:qkv,mlp_hidden"`): the tensors the block
   tagged with `checkpoint_name(x, "qkv")`.
-- `"everything_saveable"`: every result; nothing is recomputed (what a plain block keeps, or a
-  little more). `Stacked` uses it to share one compiled body across layers without remat.
+- `"everything_saveable"`: every result but reshapes and 0-d results, which cost nothing to
+  recompute (random keys' bit arithmetic, scalars); nothing else is recomputed (what a plain block
+  keeps, or a little more). `Stacked` uses it to share one compiled body across layers without remat.
 - `"none"` turns remat off (the block runs as written).
 
 How it works: while the block's forward runs, a dispatch mode records the outputs the policy keeps
@@ -39,6 +40,9 @@ _BATCHED_DOTS = ("bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu"
                  "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                  "_scaled_dot_product_cudnn_attention", "convolution")
 _WEIGHT_DOTS = ("mm", "addmm")
+# Reshapes whose schema does not say they alias: Inductor returns a view of their input, so keeping
+# one keeps its input twice (and a rolled loop, which may not return one buffer twice, copies it).
+_FREE = ("_unsafe_view", "view_copy", "_reshape_copy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +64,10 @@ class RematPolicy:
     def saves_anything(self) -> bool:
         return bool(self.ops or self.names or self.everything)
 
-    def saves_op(self, func: Any) -> bool:
-        return self.everything or _packet_name(func) in self.ops
+    def saves_op(self, func: Any, out: Any) -> bool:
+        if self.everything:  # but what costs nothing to recompute: a reshape, a 0-d result
+            return _packet_name(func) not in _FREE and not (isinstance(out, torch.Tensor) and out.dim() == 0)
+        return _packet_name(func) in self.ops
 
 
 def save_names(*names: str) -> RematPolicy:
@@ -173,7 +179,7 @@ class Record(TorchDispatchMode):
         key = _occurrence(self._seen, func)
         if _aliases_or_mutates(func):
             return out  # a view or an in-place result cannot be handed back in place of the op
-        if self.policy.saves_op(func):
+        if self.policy.saves_op(func, out):
             self.saved[key] = out
         elif self.policy.names:
             for t in out if isinstance(out, (tuple, list)) else (out,):

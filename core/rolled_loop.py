@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import threading
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
@@ -31,7 +30,7 @@ from .compat.shared_subgraph import run_untraced, sharing
 from .compat.xla_loop import inside_xla_fold, xla_fold
 from .define_once import define_once
 from .jit_backends.dtensor_local import has_dtensor
-from .jit_backends.traced import leaf_signature
+from .jit_backends.traced import compiling_on_fresh_threads
 from .pytree import tree_flatten, tree_unflatten
 from .shared_call import shared_call
 from .types import PyTree
@@ -68,7 +67,8 @@ def _define_op() -> _Registry:
             raise RuntimeError(
                 f"ember::rolled_loop {identifier!r} is not registered in this process: a graph holding "
                 "it runs only where ember's jit traced it. Call the step through ember.core.jit.")
-        outs = loop.run(list(inputs))
+        with compiling_on_fresh_threads():
+            outs = loop.run(list(inputs))
         # An op's output may not share memory with an input or another output (a layer passing part
         # of its carry through returns it as it came; one tensor can stand for two leaves).
         given = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
@@ -169,43 +169,21 @@ class Flat:
 
 
 class Compiled:
-    """`jit(fn, **options)`: the loop's body, compiled apart from the step on its first call.
+    """`jit(fn, backend="inductor", **options)`: the loop's body, compiled apart from the step on its first call.
 
-    A call with inputs laid out as never before (jit's signature: it traces and compiles) runs on
-    a fresh thread: inside the step's compiled graph the dispatcher runs an op's kernel with keys that
-    tracing needs excluded (ADInplaceOrView, PythonTLSSnapshot, Functionalize), and those
-    exclusions are thread-local. Grad mode is the caller's, as it is part of what jit compiles for.
+    It is called from the loop's kernel, inside the step's running graph, where a call that compiles
+    does so on a fresh thread (`compiling_on_fresh_threads`).
     """
 
     def __init__(self, fn: Callable, **options: Any) -> None:
-        self.fn, self.options, self.jitted, self.seen = fn, options, None, set()
+        self.fn, self.options, self.jitted = fn, options, None
 
     def __call__(self, *args: Any) -> Any:
-        # jit's own key: a carry whose tensors alias one another (a layer passing a statistic
-        # through) compiles again, and must do so on the fresh thread too.
-        layout = (torch.is_grad_enabled(), leaf_signature(tree_flatten(args)[0]))
-        if layout in self.seen:
-            return self.jitted(*args)
         if self.jitted is None:
             from .jit import jit  # jit's backends import the tracing context this module reads
 
             self.jitted = jit(self.fn, backend="inductor", **self.options)
-        result: List[Any] = []
-
-        def call() -> None:
-            try:
-                with torch.set_grad_enabled(layout[0]):
-                    result.append(self.jitted(*args))
-            except BaseException as err:  # raised again on the calling thread
-                result.append(err)
-
-        worker = threading.Thread(target=call, name="ember-rolled-loop-compile")
-        worker.start()
-        worker.join()
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        self.seen.add(layout)
-        return result[0]
+        return self.jitted(*args)
 
 
 def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTree, *,

@@ -82,6 +82,8 @@ def _child(spec, tree=None):
         env["PYTHONPATH"] = os.pathsep.join([tree.package_root, *filter(None, [env.get("PYTHONPATH")])])
     if spec["what"].endswith("memory") or spec["what"] in ("bridged_checkpointing", "torch_primitives"):  # freed tensors leave the resident set (it slows allocation: not for timings)
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    elif spec["what"] == "scan_steady":  # steps timed as train.py runs them: freed memory kept (host_memory.py)
+        env.update(MALLOC_MMAP_THRESHOLD_=str(2**31 - 1), MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
     with tempfile.TemporaryDirectory(prefix="ember_scale_") as cache:
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
         if spec.get("backend") == "xla":
@@ -190,7 +192,8 @@ def scan_steady(args):
                         f"{_ratio(scan['step_s'], plain['step_s'])} | {plain['loss'] == scan['loss']} |")
             print(rows[-1], flush=True)
     return (f"Warm compiled step of `{args.config}` (Inductor, AdamW, state donated), unrolled vs "
-            "scan_layers, both in one process, timed alternately (median of 5 rounds of 5 calls):", rows)
+            "scan_layers, both in one process, timed alternately (median of 5 rounds of 5 calls), "
+            "freed memory kept as train.py keeps it:", rows)
 
 
 def generate_speed(args):

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import re
+import threading
 from typing import Iterator, List, Optional
 
 import torch
@@ -78,11 +79,21 @@ def deterministic_sdpa_backends() -> List[object]:
     return [getattr(SDPBackend, name) for name in DETERMINISTIC_SDPA if enabled[name]]
 
 
+_SCOPE = threading.local()
+
+
 @contextlib.contextmanager
 def deterministic_algorithms() -> Iterator[None]:
-    """Strict deterministic algorithms and deterministic SDPA backends within the block, then as before."""
+    """Strict deterministic algorithms and deterministic SDPA backends within the block, then as before.
+
+    Inside another such block on the same thread (a compiled loop body called from the running step)
+    it changes nothing: the outer block's settings are in force.
+    """
     from torch.nn.attention import sdpa_kernel
 
+    if getattr(_SCOPE, "depth", 0):
+        yield
+        return
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill = torch.utils.deterministic.fill_uninitialized_memory
@@ -93,9 +104,11 @@ def deterministic_algorithms() -> Iterator[None]:
             stack.enter_context(sdpa_kernel(backends))
         torch.use_deterministic_algorithms(True, warn_only=False)
         torch.utils.deterministic.fill_uninitialized_memory = False
+        _SCOPE.depth = 1
         try:
             yield
         finally:
+            _SCOPE.depth = 0
             torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
             torch.utils.deterministic.fill_uninitialized_memory = fill
 

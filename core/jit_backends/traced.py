@@ -21,10 +21,12 @@ their local shards (`dtensor_local.py`), and tensors that require grad go to Dyn
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -39,7 +41,7 @@ from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
 from .trace import DataDependentError, FunctionError, trace_and_compile
 
-__all__ = ["FxCompiled"]
+__all__ = ["FxCompiled", "compiling_on_fresh_threads"]
 
 
 _MSG_READS_VALUE = (
@@ -48,6 +50,43 @@ _MSG_READS_VALUE = (
     "values on the device: use `torch.where` for branches, return metrics as 0-d tensors and read "
     "them after the call, or use backend='eager' to debug."
 )
+
+
+_THREAD = threading.local()
+
+
+@contextlib.contextmanager
+def compiling_on_fresh_threads() -> Iterator[None]:
+    """Within the block, a call on this thread that compiles does so on a fresh thread, with this one's grad mode.
+
+    For a compiled body called from an op's kernel inside a running graph (a rolled loop): there the
+    dispatcher excludes keys that tracing needs (ADInplaceOrView, PythonTLSSnapshot, Functionalize),
+    and those exclusions are thread-local.
+    """
+    before = getattr(_THREAD, "fresh", False)
+    _THREAD.fresh = True
+    try:
+        yield
+    finally:
+        _THREAD.fresh = before
+
+
+def _on_fresh_thread(fn: Callable[[], Any]) -> Any:
+    grad, result = torch.is_grad_enabled(), []
+
+    def call() -> None:
+        try:
+            with torch.set_grad_enabled(grad):
+                result.append(fn())
+        except BaseException as err:  # raised again on the calling thread
+            result.append(err)
+
+    worker = threading.Thread(target=call, name="ember-compile")
+    worker.start()
+    worker.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
 
 
 class _NotDonatable(Exception):
@@ -124,7 +163,10 @@ class FxCompiled:
             graph = self._graphs.get(structural)
             if graph is None:
                 try:
-                    graph = self._compile(leaves, spec, unique)
+                    if getattr(_THREAD, "fresh", False):
+                        graph = _on_fresh_thread(lambda: self._compile(leaves, spec, unique))
+                    else:
+                        graph = self._compile(leaves, spec, unique)
                 except _NotDonatable:
                     args, kwargs = tree_unflatten(leaves, spec)
                     return self._fn(*args, **kwargs)  # ok is False: the state is untouched

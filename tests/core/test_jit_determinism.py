@@ -61,6 +61,7 @@ def test_repeated_calls_of_a_compiled_step_give_the_same_bits():
 # --- what jit(deterministic=True) puts in force, checked on CPU (the GPU checks are marked gpu) ---
 
 import logging  # noqa: E402
+import threading  # noqa: E402
 
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
@@ -111,6 +112,28 @@ def test_the_sdpa_backends_under_deterministic_have_deterministic_backward_passe
     assert inside == [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     assert not cudnn
     assert torch.backends.cuda.cudnn_sdp_enabled()  # as torch starts: all on again after the scope
+
+
+def test_a_nested_scope_changes_nothing_and_another_thread_gets_its_own(monkeypatch):
+    calls = []
+    real = torch.use_deterministic_algorithms
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **k: (calls.append(a), real(*a, **k)))
+    user = _settings()
+    with determinism.deterministic_algorithms():
+        inside = _settings()
+        with determinism.deterministic_algorithms():  # a compiled loop body called by the running step
+            assert _settings() == inside
+        assert len(calls) == 1 and _settings() == inside
+
+        def enter_and_leave():
+            with determinism.deterministic_algorithms():
+                pass
+
+        worker = threading.Thread(target=enter_and_leave)
+        worker.start()
+        worker.join()
+        assert len(calls) == 3  # a fresh thread is not inside the scope: it enters it (and leaves)
+    assert _settings() == user
 
 
 def test_deterministic_false_leaves_every_setting_as_the_user_has_it():

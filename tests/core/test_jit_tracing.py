@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -53,6 +54,24 @@ def test_same_tensor_twice_and_passthrough_outputs():
     x, c = torch.ones(2), torch.zeros(2)
     total, same = f(x, x, c)
     assert total.tolist() == [2.0, 2.0] and same is c
+
+
+def test_a_compile_inside_compiling_on_fresh_threads_runs_on_another_thread_with_the_grad_mode():
+    from ember.core.jit_backends.traced import compiling_on_fresh_threads
+
+    seen = []
+
+    def f(x):
+        seen.append((threading.current_thread() is threading.main_thread(), torch.is_grad_enabled()))
+        return x + 1
+
+    fn = jit(f)
+    with torch.no_grad(), compiling_on_fresh_threads():
+        assert torch.equal(fn(torch.ones(2)), torch.full((2,), 2.0))
+        fn(torch.ones(2))  # compiled: no trace
+    assert seen == [(False, False)]
+    fn(torch.ones(3))  # a new signature outside the block: traced here
+    assert seen == [(False, False), (True, True)]
 
 
 def test_is_compiling_is_true_while_tracing():

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ember.core.remat import remat
-from ember.core.remat_policies import POLICY_NAMES, checkpoint_name, remat_policy, save_names
+from ember.core.remat_policies import POLICY_NAMES, Record, checkpoint_name, remat_policy, save_names
 from ember.core.testing import assert_trees_all_close
 from ember.core.transforms import grad, value_and_grad, vmap
 from ember.models import Llama3Config
@@ -81,6 +81,17 @@ def test_traced_step_recomputes_what_each_policy_leaves_out():
     assert ops["save:hidden"]["gelu"] == none["gelu"] and ops["save:hidden"][attn] == 2 * none[attn]
     # everything_saveable: nothing runs twice.
     assert all(ops["everything_saveable"][op] == none[op] for op in ("mm", attn, "gelu"))
+
+
+def test_everything_saveable_leaves_out_what_costs_nothing_to_recompute():
+    p, x = _case()
+    with Record(remat_policy("everything_saveable")) as record:
+        h = x @ p["w1"]  # (B, T, H): mm, then a reshape (_unsafe_view, whose schema does not alias)
+        scale = (h * h).mean()  # 0-d
+        torch.tanh(h) * scale
+    kept = {func.overloadpacket.__name__ for func, _ in record.saved}
+    assert {"mm", "mul", "tanh"} <= kept
+    assert not kept & {"_unsafe_view", "mean"}, kept
 
 
 def test_checkpoint_name_outside_remat_is_identity():
