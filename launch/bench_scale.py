@@ -297,7 +297,8 @@ def compile_scaling(args, field, values, label):
                 r = _child(dict(what="compile", config=args.config, backend=args.backend, overrides=overrides), tree)
                 compile_s = r["first_call_s"] - r["warm_call_s"]
                 base = first.setdefault((tree, scan), (r["first_call_s"], compile_s))
-                rows.append(f"{_label(tree)}| {v} | {scan} | {r['first_call_s']:.1f} | {_ratio(r['first_call_s'], base[0])} | "
+                scanned = overrides.get("model.scan_layers", scan)  # `--set model.scan_layers=True` too
+                rows.append(f"{_label(tree)}| {v} | {scanned} | {r['first_call_s']:.1f} | {_ratio(r['first_call_s'], base[0])} | "
                             f"{r['warm_call_s']:.2f} | {compile_s:.1f} | {_ratio(compile_s, base[1])} |")
                 print(rows[-1], flush=True)
     return (f"Cold first step of `{args.config}` ({args.backend}, remat {args.remat}), empty compile cache; "
