@@ -19,8 +19,9 @@ TORCH_LATEST ?= torch
 TORCH_MID ?= 2.13.0
 # The tests whose outcome depends on the torch release: the compat patches and what they serve (rolled
 # loops, shared bodies, compiled DTensor steps, the launchers under torchrun, expert parallelism on
-# DTensor), the wheel, which imports every module, and the suite's own grouping under xdist. The older lines run these (2.9 also every XLA
-# test); the rest of the suite runs on the newest line, which keeps CI within its time on two cores.
+# DTensor), the wheel, which imports every module, and the suite's own grouping under xdist. The older
+# lines run these (2.9 also every XLA test); the rest of the suite runs on the newest line, which
+# keeps CI within its time on two cores.
 VERSION_TESTS ?= tests/core/test_compat.py tests/core/test_compat_inductor_batching.py \
 	tests/core/test_compat_inductor_frees.py tests/core/test_compat_gloo_all_gather.py \
 	tests/core/test_rolled_loop.py tests/core/test_shared_call.py tests/core/test_jit_tracing.py \

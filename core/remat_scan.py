@@ -6,12 +6,12 @@ Public name: `remat_scan` (also exported from `ember.core.transforms`).
 computes: the forward keeps each layer's input and what the policy names (layer by layer; stacked
 over layers in torch_xla's While), and the backward recomputes one layer at a time, handing the kept
 results back instead of recomputing them (`remat_policies.Replay`). Policy `"none"` keeps every
-result but reshapes and 0-d ones, which it recomputes for free (`everything_saveable`). In ember's Inductor step the forward loop and
-the backward loop are each one `ember::rolled_loop` node (`rolled_loop.py`): a layer's forward and
-its vjp are compiled once, apart from the step, so the step's compile time does not grow with depth.
-On torch_xla, with a policy that keeps nothing (`"full"`), they are XLA `While`s. Elsewhere
-(eagerly, under Dynamo or `vmap`, with DTensor inputs) it is `scan` of `remat(fn, shared=True)`: the
-same numbers.
+result but reshapes and 0-d ones, which it recomputes for free (`everything_saveable`). In ember's
+Inductor step the forward loop and the backward loop are each one `ember::rolled_loop` node
+(`rolled_loop.py`): a layer's forward and its vjp are compiled once, apart from the step, so the
+step's compile time does not grow with depth. On torch_xla, with a policy that keeps nothing
+(`"full"`), they are XLA `While`s. Elsewhere (eagerly, under Dynamo or `vmap`, with DTensor inputs)
+it is `scan` of `remat(fn, shared=True)`: the same numbers.
 """
 
 from __future__ import annotations

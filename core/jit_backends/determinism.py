@@ -89,11 +89,11 @@ def deterministic_algorithms() -> Iterator[None]:
     Inside another such block on the same thread (a compiled loop body called from the running step)
     it changes nothing: the outer block's settings are in force.
     """
-    from torch.nn.attention import sdpa_kernel
-
-    if getattr(_SCOPE, "depth", 0):
+    if getattr(_SCOPE, "inside", False):
         yield
         return
+    from torch.nn.attention import sdpa_kernel
+
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill = torch.utils.deterministic.fill_uninitialized_memory
@@ -104,11 +104,11 @@ def deterministic_algorithms() -> Iterator[None]:
             stack.enter_context(sdpa_kernel(backends))
         torch.use_deterministic_algorithms(True, warn_only=False)
         torch.utils.deterministic.fill_uninitialized_memory = False
-        _SCOPE.depth = 1
+        _SCOPE.inside = True
         try:
             yield
         finally:
-            _SCOPE.depth = 0
+            _SCOPE.inside = False
             torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
             torch.utils.deterministic.fill_uninitialized_memory = fill
 
