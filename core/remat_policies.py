@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -135,6 +135,17 @@ def _aliases_or_mutates(func: Any) -> bool:
     return schema is None or schema.is_mutable or any(r.alias_info is not None for r in schema.returns)
 
 
+def _tensors_in(values: Sequence[Any]) -> List[torch.Tensor]:
+    """The tensors among an op's arguments, also inside lists (`aten.cat`'s, `aten.index`'s)."""
+    found: List[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (tuple, list)):
+            found.extend(t for t in v if isinstance(t, torch.Tensor))
+    return found
+
+
 def _occurrence(seen: Dict[Any, int], func: Any) -> Tuple[Any, int]:
     """`(func, n)` for the n-th call of `func` (from 0) counted in `seen`: how Record and Replay name an output."""
     n = seen.get(func, 0)
@@ -156,28 +167,54 @@ def checkpoint_name(x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 class Record(TorchDispatchMode):
-    """While a block's forward runs: keep the outputs `policy` selects, keyed by (op, occurrence)."""
+    """While a block's forward runs: keep the outputs `policy` selects, keyed by (op, occurrence).
 
-    def __init__(self, policy: RematPolicy) -> None:
+    With `only_what_autograd_saves` (a block run differentiated, whose backward is traced so that
+    unused recomputation is dead code), `everything_saveable` keeps only what the backward reads:
+    the results autograd saves, or the nearest results they are rebuilt from for free (a reshape's
+    input, a view's base), as a plain block's autograd graph would hold them.
+    """
+
+    def __init__(self, policy: RematPolicy, only_what_autograd_saves: bool = False) -> None:
         super().__init__()
         self.policy = policy
         self.saved: Dict[Tuple[Any, int], Any] = {}
         self._seen: Dict[Any, int] = {}
         self._producer: Dict[int, Tuple[Tuple[Any, int], Any, Any]] = {}
+        self._pruning = only_what_autograd_saves and policy.everything and torch.is_grad_enabled()
+        self._made: Dict[int, Tuple[Optional[Tuple[Any, int]], Any, List[int]]] = {}
+        self._read: Dict[int, torch.Tensor] = {}  # what autograd saved (kept alive: ids stay unique)
+        self._hooks: Any = None
 
     def __enter__(self) -> "Record":
         _RECORDERS.append(self)
+        if self._pruning:
+            self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+            self._hooks.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         _RECORDERS.remove(self)
+        if self._hooks is not None:
+            self._hooks.__exit__(*exc)
+            self._hooks = None
+            self.saved = self._what_the_backward_reads()
         self._producer.clear()
+        self._made.clear()
+        self._read.clear()
         super().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Tuple = (), kwargs: Optional[Dict] = None) -> Any:
         out = func(*args, **(kwargs or {}))
         key = _occurrence(self._seen, func)
-        if _aliases_or_mutates(func):
+        aliases = _aliases_or_mutates(func)
+        if self._pruning:
+            made_from = [id(t) for t in _tensors_in((*args, *(kwargs or {}).values()))]
+            kept = None if aliases or not self.policy.saves_op(func, out) else key
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self._made[id(t)] = (kept, out, made_from)
+        if aliases:
             return out  # a view or an in-place result cannot be handed back in place of the op
         if self.policy.saves_op(func, out):
             self.saved[key] = out
@@ -192,6 +229,28 @@ class Record(TorchDispatchMode):
         if name in self.policy.names and entry is not None and entry[2] is x:
             self.saved[entry[0]] = entry[1]
 
+    def _pack(self, saved: torch.Tensor) -> torch.Tensor:
+        t: Optional[torch.Tensor] = saved
+        while t is not None:
+            self._read[id(t)] = t
+            t = t._base
+        return saved
+
+    def _what_the_backward_reads(self) -> Dict[Tuple[Any, int], Any]:
+        """The recorded results autograd saved, each traced back through free ops to one kept result."""
+        kept: Dict[Tuple[Any, int], Any] = {}
+        todo, visited = list(self._read), set()
+        while todo:
+            tid = todo.pop()
+            if tid in visited or tid not in self._made:  # seen, or an input of the block
+                continue
+            visited.add(tid)
+            key, out, made_from = self._made[tid]
+            if key is not None:
+                kept[key] = out
+            else:
+                todo.extend(made_from)
+        return {key: self.saved[key] for key in self.saved if key in kept}
 
 class Replay(TorchDispatchMode):
     """While the backward recomputes the block: hand back what `Record` kept instead of running the op."""

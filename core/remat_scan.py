@@ -58,6 +58,7 @@ class _Plan:
         self.kept_layout: Any = ([], [])
         self.saved_stacked = False  # whether `forward` returned what it saved stacked over layers (XLA)
         self.compiled_layer = Compiled(self.recorded_layer)
+        self.traced = False  # whether the layers run as traced bodies (unused recomputation is dead code)
 
     def layer(self, h: List[Tensor], x: List[Tensor], c: List[Tensor]) -> List[Tensor]:
         out = self.fn(self.carry.rebuild(h), self.xs.rebuild(x), self.consts.rebuild(c))
@@ -105,7 +106,7 @@ class _Plan:
         layer = self.layer_wrt(h, x, c, wrt_x, wrt_c)
 
         def recorded(*diff: Tensor) -> Tuple[List[Tensor], List[Tensor]]:
-            with Record(self.policy) as record:
+            with Record(self.policy, only_what_autograd_saves=self.traced) as record:
                 new = layer(*diff)
             keys, structures, kept = flatten_saved(record.saved)
             self.kept_layout = (keys, structures)
@@ -145,6 +146,7 @@ class _Plan:
                 return (*last, *stacked, *kept_stacked)
         if not sharing():  # eagerly, or differentiated twice (grad of grad): plain ops
             return tuple(loop([*h, *tensors]))
+        self.traced = True
         # The loop's outputs: what one layer keeps, learned without recording it in the step's graph.
         _, kept = run_untraced(self.recorded_layer, list(h), [t[0] for t in x_all], c_all)
         outputs = [*map(meta, h), *[meta(t) for t in (*h, *kept)] * self.length]

@@ -75,7 +75,9 @@ def test_remat_scan_gives_the_plain_gradients(compiled, policy):
         outputs = len(_REGISTRY.loops[new[0]].outputs)  # the last carry, then each of the 5 layers'
         assert (outputs - 1) % 5 == 0
         kept = (outputs - 1) // 5 - 1
-        assert (kept == 0) == (policy == "full") and (policy != "none" or kept > 4)
+        # none keeps what a plain layer's autograd graph holds: the tanh result (its backward reads
+        # it); the matmul's inputs are the layer's own, and the adds and products need nothing more
+        assert kept == {"full": 0, "dots_saveable": 1, "none": 1}[policy]
 
 
 def test_remat_scan_traces_the_layer_the_same_number_of_times_at_any_depth():
