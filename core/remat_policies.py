@@ -12,9 +12,10 @@ op, which other results to keep, like `jax.checkpoint_policies`:
   batched products are recomputed too.
 - `save_names("qkv", ...)` (on the command line `"save:qkv,mlp_hidden"`): the tensors the block
   tagged with `checkpoint_name(x, "qkv")`.
-- `"everything_saveable"`: every result but reshapes and 0-d results, which cost nothing to
-  recompute (random keys' bit arithmetic, scalars); nothing else is recomputed (what a plain block
-  keeps, or a little more). `Stacked` uses it to share one compiled body across layers without remat.
+- `"everything_saveable"`: nothing is recomputed. It keeps every result but reshapes and 0-d results,
+  which cost nothing to recompute (random keys' bit arithmetic, scalars); in a traced rolled layer
+  (`remat_scan`) only those the backward reads, as a plain block's autograd graph holds them
+  (`Record`). `Stacked` uses it to share one compiled body across layers without remat.
 - `"none"` turns remat off (the block runs as written).
 
 How it works: while the block's forward runs, a dispatch mode records the outputs the policy keeps

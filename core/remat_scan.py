@@ -5,8 +5,8 @@ Public name: `remat_scan` (also exported from `ember.core.transforms`).
 `remat_scan(fn, carry, xs, consts, policy=...)` computes what `scan` of `remat(fn, policy=...)`
 computes: the forward keeps each layer's input and what the policy names (layer by layer; stacked
 over layers in torch_xla's While), and the backward recomputes one layer at a time, handing the kept
-results back instead of recomputing them (`remat_policies.Replay`). Policy `"none"` keeps every
-result but reshapes and 0-d ones, which it recomputes for free (`everything_saveable`). In ember's
+results back instead of recomputing them (`remat_policies.Replay`). Policy `"none"` keeps what a
+plain layer's autograd graph keeps and recomputes nothing (`everything_saveable`). In ember's
 Inductor step the forward loop and the backward loop are each one `ember::rolled_loop` node
 (`rolled_loop.py`): a layer's forward and its vjp are compiled once, apart from the step, so the
 step's compile time does not grow with depth. On torch_xla, with a policy that keeps nothing

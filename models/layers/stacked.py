@@ -16,7 +16,7 @@ one rolled loop forward and one backward, a layer compiled once whatever the dep
 torch_xla). The carry may be a pytree: a mixture of experts' layers carry their router statistics
 beside the activations. `remat="full"` (or another policy of `ember.core.remat_policies`) makes the backward
 recompute each layer's activations from its input, keeping only what the policy names; the default
-`"none"` keeps every result of each layer but its reshapes and 0-d ones. `Sequential` wraps each
+`"none"` keeps what each layer's own autograd graph would keep. `Sequential` wraps each
 layer in `ember.core.transforms.remat` instead. The costs are in BENCHMARKS.md ("How the step scales").
 
 Example:

@@ -94,6 +94,20 @@ def test_everything_saveable_leaves_out_what_costs_nothing_to_recompute():
     assert not kept & {"_unsafe_view", "mean"}, kept
 
 
+def test_a_traced_rolled_layer_keeps_only_what_its_backward_reads():
+    p, x = _case()
+    x = x.requires_grad_()
+    with torch.enable_grad(), Record(remat_policy("everything_saveable"), only_what_autograd_saves=True) as record:
+        h = x @ p["w1"]  # mm, then a free reshape: sin's backward reads it, so the mm result is kept
+        s = torch.sin(h) + 1.0  # the add's result feeds only an exp, which saves its own output
+        (torch.exp(s) * 2.0).sum()
+    kept = Counter(func.overloadpacket.__name__ for func, _ in record.saved)
+    assert kept == Counter({"mm": 1, "exp": 1}), kept
+    with torch.no_grad(), Record(remat_policy("everything_saveable"), only_what_autograd_saves=True) as plain:
+        torch.exp(torch.sin(x @ p["w1"]) + 1.0)  # no autograd graph to ask: every result, as before
+    assert {"mm", "sin", "add", "exp"} <= {func.overloadpacket.__name__ for func, _ in plain.saved}
+
+
 def test_checkpoint_name_outside_remat_is_identity():
     x = torch.ones(3)
     assert checkpoint_name(x, "anything") is x
