@@ -183,6 +183,7 @@ class Record(TorchDispatchMode):
         self._seen: Dict[Any, int] = {}
         self._producer: Dict[int, Tuple[Tuple[Any, int], Any, Any]] = {}
         self._pruning = only_what_autograd_saves and policy.everything and torch.is_grad_enabled()
+        # per result: its key if it may be kept, the op's outputs (alive: ids stay unique), its inputs' ids
         self._made: Dict[int, Tuple[Optional[Tuple[Any, int]], Any, List[int]]] = {}
         self._read: Dict[int, torch.Tensor] = {}  # what autograd saved (kept alive: ids stay unique)
         self._hooks: Any = None
@@ -239,19 +240,19 @@ class Record(TorchDispatchMode):
 
     def _what_the_backward_reads(self) -> Dict[Tuple[Any, int], Any]:
         """The recorded results autograd saved, each traced back through free ops to one kept result."""
-        kept: Dict[Tuple[Any, int], Any] = {}
-        todo, visited = list(self._read), set()
+        kept, todo, visited = set(), list(self._read), set()
         while todo:
             tid = todo.pop()
             if tid in visited or tid not in self._made:  # seen, or an input of the block
                 continue
             visited.add(tid)
-            key, out, made_from = self._made[tid]
+            key, _, made_from = self._made[tid]
             if key is not None:
-                kept[key] = out
+                kept.add(key)
             else:
                 todo.extend(made_from)
-        return {key: self.saved[key] for key in self.saved if key in kept}
+        return {key: out for key, out in self.saved.items() if key in kept}  # in the forward's order
+
 
 class Replay(TorchDispatchMode):
     """While the backward recomputes the block: hand back what `Record` kept instead of running the op."""
