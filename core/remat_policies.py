@@ -210,15 +210,15 @@ class Record(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         key = _occurrence(self._seen, func)
         aliases = _aliases_or_mutates(func)
+        keeps = not aliases and self.policy.saves_op(func, out)
         if self._pruning:
             made_from = [id(t) for t in _tensors_in((*args, *(kwargs or {}).values()))]
-            kept = None if aliases or not self.policy.saves_op(func, out) else key
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor):
-                    self._made[id(t)] = (kept, out, made_from)
+                    self._made[id(t)] = (key if keeps else None, out, made_from)
         if aliases:
             return out  # a view or an in-place result cannot be handed back in place of the op
-        if self.policy.saves_op(func, out):
+        if keeps:
             self.saved[key] = out
         elif self.policy.names:
             for t in out if isinstance(out, (tuple, list)) else (out,):
