@@ -52,9 +52,10 @@ class GPT2Config:
     init_std: float = 0.02
     """Standard deviation of weight init (GPT-2 / HF initializer_range)."""
     scan_layers: bool = False
-    """Stack the blocks' params along a leading "layers" axis and run them as one rolled loop each way
-    (`remat_scan`): compile time flat in depth. Best with remat "full" or "dots_saveable"; with "none"
-    every layer keeps all its results (1.85x the step's memory at 125M, BENCHMARKS.md)."""
+    """Stack the blocks' params along a leading "layers" axis (the checkpoint layout changes) and run them
+    as one rolled loop each way (`remat_scan`). In ember's Inductor step the default list of blocks
+    rolls too (`Sequential`: compile time flat in depth either way); stacked, the loop also rolls on
+    torch_xla (remat "full") and the rules can shard the "layers" axis."""
     remat: str = "none"
     """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"
     (keep matmul outputs), "dots_with_no_batch_dims_saveable", or "save:<tag>,..." (keep the

@@ -69,10 +69,11 @@ class Llama3Config:
     init_std: float = 0.02
     """Standard deviation of weight init (HF `initializer_range`)."""
     scan_layers: bool = False
-    """Stack the blocks' params along a leading "layers" axis and run them as one rolled loop each way
-    (`remat_scan`): compile time flat in depth. Blocks of different kinds (dense, then mixture of
-    experts) become one stack per run of equal blocks (`Stacks`). Best with remat "full" or "dots_saveable"; with "none"
-    every layer keeps all its results (1.85x the step's memory at 125M, BENCHMARKS.md)."""
+    """Stack the blocks' params along a leading "layers" axis (the checkpoint layout changes) and run them
+    as one rolled loop each way (`remat_scan`). In ember's Inductor step the default list of blocks
+    rolls too (`Sequential`: compile time flat in depth either way); stacked, the loop also rolls on
+    torch_xla (remat "full") and the rules can shard the "layers" axis. Blocks of different kinds
+    (dense, then mixture of experts) become one stack per run of equal blocks (`Stacks`)."""
     remat: str = "none"
     """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"
     (keep matmul outputs), "dots_with_no_batch_dims_saveable", or "save:<tag>,..." (keep the
