@@ -80,64 +80,6 @@ def test_remat_scan_gives_the_plain_gradients(compiled, policy):
         assert kept == {"full": 0, "dots_saveable": 1, "none": 1}[policy]
 
 
-def _per_layer(params):
-    return [{"w": params["w"][i].clone(), "b": params["b"][i].clone()} for i in range(len(params["w"]))]
-
-
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
-@pytest.mark.parametrize("policy", ["full", "none"])
-def test_remat_scan_per_layer_rolls_over_each_layers_own_tensors(compiled, policy):
-    # A Sequential's layout: a list of per-layer trees, no stacked copy; the plain loop's gradients.
-    params, keys = _stack(4)
-    layers, h, scale = _per_layer(params), torch.randn(3, 4), torch.tensor(0.7)
-
-    def loss(layers, h, scale, per_layer=True):
-        consts, xs = {"scale": scale, "flag": True}, list(zip(layers, keys))
-        if per_layer:
-            h = remat_scan(_layer, h, xs, consts, policy=policy, name="test.layers", per_layer=True)
-        else:
-            for x in xs:
-                h = _layer(h, x, consts)
-        return (h ** 2).sum()
-
-    want = value_and_grad(lambda *a: loss(*a, per_layer=False), argnums=(0, 1, 2))(layers, h, scale)
-    fn = value_and_grad(loss, argnums=(0, 1, 2))
-    before = _loops("test.layers")
-    got = jit(fn)(layers, h, scale) if compiled else fn(layers, h, scale)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    new = [k for k in _loops("test.layers") if k not in before]
-    assert len(new) == (1 if compiled else 0)
-    if compiled:  # every layer's own w and b come back as gradients: 2 x 4 of them, and the carry's
-        backward = _loops("test.layers.backward")[-1]
-        assert len(_REGISTRY.loops[backward].outputs) == 1 + 2 * 4 + 1  # h, (w, b) per layer, scale
-        without_grad = jit(lambda ls, h: remat_scan(_layer, h, list(zip(ls, keys)), {"scale": scale, "flag": True},
-                                                     policy=policy, name="test.forward", per_layer=True))
-        torch.testing.assert_close(without_grad(layers, h), loss_value_free(layers, h, scale, keys))
-        forward = _loops("test.forward")[-1]
-        assert len(_REGISTRY.loops[forward].outputs) == 1  # nothing kept for a backward that never runs
-
-
-def loss_value_free(layers, h, scale, keys):
-    for x in zip(layers, keys):
-        h = _layer(h, x, {"scale": scale, "flag": True})
-    return h
-
-
-def test_remat_scan_per_layer_runs_layers_that_differ_one_after_the_other():
-    params, keys = _stack(3)
-    layers = list(zip(_per_layer(params), keys))
-    layers[1] = ({"w": layers[1][0]["w"][:, :4], "b": layers[1][0]["b"], "extra": torch.zeros(())}, keys[1])
-    h = torch.randn(2, 4)
-    before = len(_loops("test.differ"))
-    consts = {"scale": torch.tensor(1.0), "flag": False}
-    got = jit(lambda ls, h: remat_scan(_layer, h, ls, consts, name="test.differ", per_layer=True))(layers, h)
-    want = h
-    for x in layers:
-        want = _layer(want, x, consts)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert len(_loops("test.differ")) == before  # not alike: no loop
-
-
 def test_remat_scan_traces_the_layer_the_same_number_of_times_at_any_depth():
     traced = []
 
