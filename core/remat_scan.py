@@ -50,8 +50,12 @@ class _Plan:
     """
 
     def __init__(self, fn: Callable, carry: Flat, xs: Flat, consts: Flat, length: int, policy: RematPolicy,
-                 name: str, on_xla: bool) -> None:
+                 name: str, on_xla: bool, per_layer: bool = False, differentiated: bool = True) -> None:
         self.fn, self.carry, self.xs, self.consts, self.length, self.name = fn, carry, xs, consts, length, name
+        # per_layer: `xs` holds one layer's tensors, and the loops get every layer's, one layer after
+        # the other; otherwise its tensors are stacked over layers
+        self.per_layer = per_layer
+        self.differentiated = differentiated  # False: no backward will run, the forward keeps nothing
         self.policy, self.on_xla = policy, on_xla  # on_xla: the loops are XLA Whiles
         self.n_h = len(carry.tensors)
         self.diff_h = _floating(carry.tensors)
@@ -100,7 +104,7 @@ class _Plan:
         order, so both must see the same ops (measured: a [.., 192] result handed to an op
         expecting [.., 512] when the forward ran plainly).
         """
-        if not self.policy.saves_anything:
+        if not (self.policy.saves_anything and self.differentiated):
             return self.layer(h, x, c), []
         wrt_x, wrt_c = _floating(x), _floating(c)
         layer = self.layer_wrt(h, x, c, wrt_x, wrt_c)
@@ -116,8 +120,19 @@ class _Plan:
         return run_differentiated(recorded, self.primals(h, x, c, wrt_x, wrt_c))
 
     def split(self, tensors: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
-        n = len(self.xs.tensors)
+        n = len(self.xs.tensors) * (self.length if self.per_layer else 1)
         return list(tensors[:n]), list(tensors[n:])
+
+    def at(self, x_all: Sequence[Tensor], i: int) -> List[Tensor]:
+        """Layer `i`'s tensors of `xs`."""
+        if self.per_layer:
+            width = len(self.xs.tensors)
+            return list(x_all[i * width:(i + 1) * width])
+        return [t[i] for t in x_all]
+
+    def x_position(self, i: int, j: int) -> int:
+        """Where layer `i`'s `j`-th tensor of `xs` is among the loop's `xs` inputs (stacked: `j`)."""
+        return i * len(self.xs.tensors) + j if self.per_layer else j
 
     def forward(self, h: List[Tensor], tensors: Sequence[Tensor]) -> Tuple[Tensor, ...]:
         """The last carry tensors, then what the backward needs of each layer (`layer_saved`): its
@@ -129,8 +144,8 @@ class _Plan:
             h, (x, c) = inputs[:n_h], self.split(inputs[n_h:])
             saved: List[Tensor] = []
             for i in range(self.length):
-                new, kept = layer(h, [t[i] for t in x], c)
-                saved += [*h, *kept]
+                new, kept = layer(h, self.at(x, i), c)
+                saved += [*h, *kept] if self.differentiated else []
                 h = new
             return [*h, *saved]
 
@@ -147,9 +162,10 @@ class _Plan:
         if not sharing():  # eagerly, or differentiated twice (grad of grad): plain ops
             return tuple(loop([*h, *tensors]))
         self.traced = True
-        # The loop's outputs: what one layer keeps, learned without recording it in the step's graph.
-        _, kept = run_untraced(self.recorded_layer, list(h), [t[0] for t in x_all], c_all)
-        outputs = [*map(meta, h), *[meta(t) for t in (*h, *kept)] * self.length]
+        # The loop's outputs: what one layer keeps, learned without recording it in the step's graph
+        # (and in the caller's context, where a layer's checks of it raise).
+        _, kept = run_untraced(self.recorded_layer, list(h), self.at(x_all, 0), c_all)
+        outputs = [*map(meta, h), *[meta(t) for t in (*h, *kept)] * (self.length if self.differentiated else 0)]
         return tuple(run_loop(self.name, lambda ins: loop(ins, self.compiled_layer), [*h, *tensors], outputs))
 
     def layer_saved(self, saved: Sequence[Tensor], i: int) -> Tuple[List[Tensor], List[Tensor]]:
@@ -169,11 +185,13 @@ class _Plan:
         """
         n_h, diff_h = self.n_h, self.diff_h
         x_all, c_all = self.split(tensors)
-        need_x = [i for i, t in enumerate(x_all) if needs[n_h + i] and _differentiable(t)]
+        first, layers = self.at(x_all, 0), range(self.length if self.per_layer else 1)
+        need_x = [j for j, t in enumerate(first) if _differentiable(t) and any(
+            needs[n_h + self.x_position(i, j)] for i in layers)]
         need_c = [i for i, t in enumerate(c_all) if needs[n_h + len(x_all) + i] and _differentiable(t)]
         # Replaying kept results needs the forward's transform exactly: differentiate what it did.
         replays = self.policy.saves_anything
-        wrt_x, wrt_c = (_floating(x_all), _floating(c_all)) if replays else (need_x, need_c)
+        wrt_x, wrt_c = (_floating(first), _floating(c_all)) if replays else (need_x, need_c)
         layout = self.kept_layout
 
         def layer_vjp(h: List[Tensor], kept: List[Tensor], x: List[Tensor], c: List[Tensor], g: List[Tensor]):
@@ -194,21 +212,25 @@ class _Plan:
         def loop(inputs: List[Tensor], step: Callable = layer_vjp) -> List[Tensor]:
             saved_in, n_in = inputs[:n_saved], len(inputs) - len(diff_h)
             (x, c), g = self.split(inputs[n_saved:n_in]), inputs[n_in:]
-            grads_x = [new_stacked(x[i][0], self.length) for i in need_x]
+            per_layer: List[List[Tensor]] = [[] for _ in range(self.length)]
+            grads_x = [] if self.per_layer else [new_stacked(x[i][0], self.length) for i in need_x]
             grads_c: List[Any] = [None] * len(need_c)
             for i in reversed(range(self.length)):
-                g, g_x, g_c = step(*self.layer_saved(saved_in, i), [t[i] for t in x], c, g)
+                g, g_x, g_c = step(*self.layer_saved(saved_in, i), self.at(x, i), c, g)
+                if self.per_layer:
+                    per_layer[i] = g_x
                 for buffer, value in zip(grads_x, g_x):
                     buffer[i].copy_(value)
                 grads_c = [b if a is None else a + b for a, b in zip(grads_c, g_c)]
-            return [*g, *grads_x, *grads_c]
+            return [*g, *grads_x, *(t for layer in per_layer for t in layer), *grads_c]
 
         inputs = [*saved, *tensors, *grads_h]
         results = None
         if self.saved_stacked:
             results = _backward_on_xla(layer_vjp, saved, n_h, x_all, c_all, grads_h, need_c)
         if results is None and sharing():
-            outputs = [*map(meta, grads_h), *(meta(x_all[i]) for i in need_x), *(meta(c_all[i]) for i in need_c)]
+            outputs = [*map(meta, grads_h), *(meta(x_all[self.x_position(i, j)]) for i in layers for j in need_x),
+                       *(meta(c_all[i]) for i in need_c)]
             compiled = Compiled(layer_vjp)  # one per traced backward: compiled on its first run
             results = run_loop(self.name + ".backward", lambda ins: loop(ins, compiled), inputs, outputs)
         if results is None:  # eagerly, or differentiated twice (grad of grad): plain, recorded
@@ -216,10 +238,12 @@ class _Plan:
         grads: List[Optional[Tensor]] = [None] * (n_h + len(tensors))
         for j, i in enumerate(diff_h):
             grads[i] = results[j]
-        for j, i in enumerate(need_x):
-            grads[n_h + i] = results[len(diff_h) + j]
+        at = len(diff_h)
+        for i in layers:
+            for j in need_x:
+                grads[n_h + self.x_position(i, j)], at = results[at], at + 1
         for j, i in enumerate(need_c):
-            grads[n_h + len(x_all) + i] = results[len(diff_h) + len(need_x) + j]
+            grads[n_h + len(x_all) + i] = results[at + j]
         return grads
 
 
@@ -269,9 +293,20 @@ class _RematScan(torch.autograd.Function):
         return (None, *plan.backward(saved[:n], saved[n:], grads_h, ctx.needs_input_grad[1:]))
 
 
+def _needs_grad(tensors: Sequence[Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _run(plan: _Plan, tensors: Sequence[Tensor]) -> Sequence[Tensor]:
+    """The loops' outputs (the last carry tensors first); the forward alone where nothing is differentiated."""
+    if plan.differentiated:
+        return _RematScan.apply(plan, *tensors)
+    return plan.forward(list(tensors[:plan.n_h]), tensors[plan.n_h:])
+
+
 def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs: PyTree,
                consts: PyTree = None, *, policy: Union[str, RematPolicy, bool] = "full",
-               name: str = "ember.remat_scan") -> PyTree:
+               name: str = "ember.remat_scan", per_layer: bool = False) -> PyTree:
     """The last carry of `fn(carry, x, consts)` over the slices `x` of `xs`, each call rematerialised.
 
     Args:
@@ -283,6 +318,9 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
         policy: what each layer keeps besides its input (`ember.core.remat_policies`): `"full"`
             (nothing), `"dots_saveable"`, `"save:<tags>"`, ..., or `"none"` (everything: no recomputation).
         name: names the loops in the step's graph.
+        per_layer: `xs` is a list with one pytree per layer, all alike (a `Sequential`'s params),
+            instead of stacked. Each layer's tensors enter the loops as they are: no stacked copy.
+            The loops roll only in ember's Inductor step; elsewhere the layers run one after the other.
 
     Returns:
         The last layer's output.
@@ -300,6 +338,8 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
         torch.Size([3, 2, 2])
     """
     chosen = remat_policy(policy) or remat_policy("everything_saveable")
+    if per_layer:
+        return _remat_layers(fn, carry, list(xs), consts, chosen, policy, name)
     carry_flat, xs_flat, consts_flat = Flat(carry), Flat(xs), Flat(consts)
     if not _floating(carry_flat.tensors):
         raise ValueError(f"{name}: the carry has no floating-point tensor ({_describe(carry)}); remat_scan "
@@ -313,6 +353,36 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
         step = remat(lambda c, x, k: fn(c, x, k), policy=policy, shared=True)
         return scan(lambda c, x: (step(c, x, consts), None), carry, xs)[0]
     length = xs_flat.tensors[0].shape[0]
-    plan = _Plan(fn, carry_flat, xs_flat, consts_flat, length, chosen, name, on_xla)
-    out = _RematScan.apply(plan, *all_tensors)
+    plan = _Plan(fn, carry_flat, xs_flat, consts_flat, length, chosen, name, on_xla,
+                 differentiated=_needs_grad(all_tensors))
+    out = _run(plan, all_tensors)
+    return carry_flat.rebuild(out[:plan.n_h])
+
+
+_PLAIN_VALUES = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def _remat_layers(fn: Callable, carry: PyTree, xs: List[PyTree], consts: PyTree, chosen: RematPolicy,
+                  policy: Union[str, RematPolicy, bool], name: str) -> PyTree:
+    """`remat_scan(..., per_layer=True)`: one rolled loop each way over the layers' own tensors,
+    where the loops roll and the layers are alike; otherwise the layers one after the other."""
+    carry_flat, consts_flat = Flat(carry), Flat(consts)
+    layers = [Flat(x) for x in xs]
+    first = layers[0]
+    alike = all(layer.spec == first.spec and layer.others == first.others and all(
+        a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride() and a.requires_grad == b.requires_grad
+        for a, b in zip(layer.tensors, first.tensors)) for layer in layers)
+    # an object among the consts (a KV cache's call, which each layer writes to) cannot be shared by
+    # a body compiled once: such layers run one after the other
+    plain = all(isinstance(v, _PLAIN_VALUES) for v in consts_flat.others)
+    if not (alike and plain and len(layers) > 1 and first.tensors and _floating(carry_flat.tensors)
+            and rolling((carry, xs, consts))):
+        step = remat(fn, policy=policy)
+        for x in xs:
+            carry = step(carry, x, consts)
+        return carry
+    tensors = [*carry_flat.tensors, *(t for layer in layers for t in layer.tensors), *consts_flat.tensors]
+    plan = _Plan(fn, carry_flat, first, consts_flat, len(layers), chosen, name, on_xla=False, per_layer=True,
+                 differentiated=_needs_grad(tensors))
+    out = _run(plan, tensors)
     return carry_flat.rebuild(out[:plan.n_h])

@@ -30,7 +30,7 @@ from .compat.shared_subgraph import run_untraced, sharing
 from .compat.xla_loop import inside_xla_fold, xla_fold
 from .define_once import define_once
 from .jit_backends.dtensor_local import has_dtensor
-from .jit_backends.traced import compiling_on_fresh_threads
+from .jit_backends.traced import compiling_with_fresh_keys
 from .pytree import tree_flatten, tree_unflatten
 from .shared_call import shared_call
 from .types import PyTree
@@ -67,7 +67,7 @@ def _define_op() -> _Registry:
             raise RuntimeError(
                 f"ember::rolled_loop {identifier!r} is not registered in this process: a graph holding "
                 "it runs only where ember's jit traced it. Call the step through ember.core.jit.")
-        with compiling_on_fresh_threads():
+        with compiling_with_fresh_keys():
             outs = loop.run(list(inputs))
         # An op's output may not share memory with an input or another output (a layer passing part
         # of its carry through returns it as it came; one tensor can stand for two leaves).
@@ -172,7 +172,7 @@ class Compiled:
     """`jit(fn, backend="inductor", **options)`: the loop's body, compiled apart from the step on its first call.
 
     It is called from the loop's kernel, inside the step's running graph, where a call that compiles
-    does so on a fresh thread (`compiling_on_fresh_threads`).
+    does so with the dispatch keys of a new thread (`compiling_with_fresh_keys`).
     """
 
     def __init__(self, fn: Callable, **options: Any) -> None:

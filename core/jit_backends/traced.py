@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..compat import compiling_with
+from ..compat.fresh_dispatch_keys import fresh_thread_keys
 from ..compat.gloo_all_gather import gloo_all_gather_out
 from ..compat.pytree import spec_children
 from ..compat.inductor_batching import batched_cpu_kernels
@@ -42,7 +43,7 @@ from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
 from .trace import DataDependentError, FunctionError, trace_and_compile
 
-__all__ = ["FxCompiled", "compiling_on_fresh_threads"]
+__all__ = ["FxCompiled", "compiling_with_fresh_keys"]
 
 
 _MSG_READS_VALUE = (
@@ -57,37 +58,18 @@ _THREAD = threading.local()
 
 
 @contextlib.contextmanager
-def compiling_on_fresh_threads() -> Iterator[None]:
-    """Within the block, a call on this thread that compiles does so on a fresh thread, with this one's grad mode.
+def compiling_with_fresh_keys() -> Iterator[None]:
+    """Within the block, a call on this thread that compiles does so with a new thread's dispatch keys.
 
     For a compiled body called from an op's kernel inside a running graph (a rolled loop): there the
-    dispatcher excludes keys that tracing needs (ADInplaceOrView, PythonTLSSnapshot, Functionalize),
-    and those exclusions are thread-local.
+    dispatcher excludes keys that tracing needs (ADInplaceOrView, PythonTLSSnapshot, Functionalize).
     """
-    before = getattr(_THREAD, "fresh", False)
-    _THREAD.fresh = True
+    before = getattr(_THREAD, "fresh_keys", False)
+    _THREAD.fresh_keys = True
     try:
         yield
     finally:
-        _THREAD.fresh = before
-
-
-def _on_fresh_thread(fn: Callable[[], Any]) -> Any:
-    grad, result = torch.is_grad_enabled(), []
-
-    def call() -> None:
-        try:
-            with torch.set_grad_enabled(grad):
-                result.append(fn())
-        except BaseException as err:  # raised again on the calling thread
-            result.append(err)
-
-    worker = threading.Thread(target=call, name="ember-compile")
-    worker.start()
-    worker.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+        _THREAD.fresh_keys = before
 
 
 class _NotDonatable(Exception):
@@ -164,9 +146,8 @@ class FxCompiled:
             graph = self._graphs.get(structural)
             if graph is None:
                 try:
-                    if getattr(_THREAD, "fresh", False):
-                        graph = _on_fresh_thread(lambda: self._compile(leaves, spec, unique))
-                    else:
+                    inside_a_kernel = getattr(_THREAD, "fresh_keys", False)
+                    with fresh_thread_keys() if inside_a_kernel else contextlib.nullcontext():
                         graph = self._compile(leaves, spec, unique)
                 except _NotDonatable:
                     args, kwargs = tree_unflatten(leaves, spec)

@@ -53,8 +53,9 @@ class GPT2Config:
     """Standard deviation of weight init (GPT-2 / HF initializer_range)."""
     scan_layers: bool = False
     """Stack the blocks' params along a leading "layers" axis (the checkpoint layout changes) and run them
-    as one rolled loop each way (`remat_scan`). Compile time flat in depth, on Inductor and (remat
-    "full") on torch_xla; the rules can shard the "layers" axis."""
+    as one rolled loop each way (`remat_scan`). In ember's Inductor step the default list of blocks
+    rolls too (`Sequential`: compile time flat in depth either way); stacked, the loop also rolls on
+    torch_xla (remat "full") and the rules can shard the "layers" axis."""
     remat: str = "none"
     """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"
     (keep matmul outputs), "dots_with_no_batch_dims_saveable", or "save:<tag>,..." (keep the

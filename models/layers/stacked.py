@@ -1,5 +1,5 @@
-"""Repeated layers: `Sequential` (unrolled, a list of params), `Stacked` (one stacked tree, scanned)
-and `Stacks` (consecutive `Stacked` runs: dense blocks, then mixture-of-experts ones).
+"""Repeated layers: `Sequential` (a list of params), `Stacked` (one stacked tree) and `Stacks`
+(consecutive `Stacked` runs: dense blocks, then mixture-of-experts ones).
 
 Public names: `Sequential`, `Stacked`, `Stacks`.
 
@@ -16,8 +16,10 @@ one rolled loop forward and one backward, a layer compiled once whatever the dep
 torch_xla). The carry may be a pytree: a mixture of experts' layers carry their router statistics
 beside the activations. `remat="full"` (or another policy of `ember.core.remat_policies`) makes the backward
 recompute each layer's activations from its input, keeping only what the policy names; the default
-`"none"` keeps what each layer's own autograd graph would keep. `Sequential` wraps each
-layer in `ember.core.transforms.remat` instead. The costs are in BENCHMARKS.md ("How the step scales").
+`"none"` keeps what each layer's own autograd graph would keep. `Sequential` runs each run of
+equal layers the same way over the layers' own params (`remat_scan(..., per_layer=True)`), in
+ember's Inductor step; elsewhere (eagerly, on torch_xla, on DTensor) one layer after the other, each
+wrapped in `ember.core.transforms.remat`. The costs are in BENCHMARKS.md ("How the step scales").
 
 Example:
     >>> import torch
@@ -33,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -47,6 +50,10 @@ from ...core.types import Key, Params, PyTree
 from .module import Module
 
 __all__ = ["Sequential", "Stacked", "Stacks"]
+
+
+def _apply_layer(layer: Module, carry: PyTree, xs: Tuple[Params, Optional[Tensor]], kwargs: Any) -> PyTree:
+    return layer.apply(xs[0], carry, key=xs[1], **kwargs)
 
 
 def _layer_keys(key: Optional[Key], n: int) -> Optional[Tensor]:
@@ -75,6 +82,9 @@ class Sequential(Module):
         if not isinstance(self.layers, tuple) or not all(isinstance(m, Module) for m in self.layers):
             raise TypeError("Sequential.layers must be a tuple of Modules.")
         remat_policy(self.remat)
+        # the runs of equal layers, as (first, end): grouped here, not in apply, which Dynamo may trace
+        firsts = itertools.accumulate((len(list(g)) for _, g in itertools.groupby(self.layers)), initial=0)
+        object.__setattr__(self, "_runs", tuple(itertools.pairwise(firsts)))
 
     def declare(self):
         return {str(i): layer for i, layer in enumerate(self.layers)}
@@ -87,13 +97,25 @@ class Sequential(Module):
         """Layer `i` is initialised at path `"<path>.<i>"`."""
         return [layer.init_at(key, f"{path}.{i}" if path else str(i)) for i, layer in enumerate(self.layers)]
 
-    def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
-        """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
+    def apply(self, params: Params, x: PyTree, *, key: Optional[Key] = None, **kwargs: Any) -> PyTree:
+        """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output.
+
+        Each run of equal layers with parameters is one `remat_scan(..., per_layer=True)`: in ember's
+        Inductor step one rolled loop each way, compiled once whatever the depth, over the layers' own
+        parameters; elsewhere the layers one after the other.
+        """
         keys = _layer_keys(key, len(self.layers))
-        for i, layer in enumerate(self.layers):
-            k = None if keys is None else keys[i]
+        for first, end in self._runs:
+            layer = self.layers[first]
+            per_layer = [(params[j] if layer.has_params else {}, None if keys is None else keys[j])
+                         for j in range(first, end)]
+            if end - first > 1 and layer.has_params:
+                x = remat_scan(functools.partial(_apply_layer, layer), x, per_layer, kwargs, policy=self.remat,
+                               name="ember.Sequential", per_layer=True)
+                continue
             fn = _remat(layer.apply, policy=self.remat)
-            x = fn(params[i] if layer.has_params else {}, x, key=k, **kwargs)
+            for p, k in per_layer:
+                x = fn(p, x, key=k, **kwargs)
         return x
 
 
@@ -142,11 +164,9 @@ class Stacked(Module):
     def apply_with_keys(self, params: Params, x: PyTree, keys: Optional[Tensor], **kwargs: Any) -> PyTree:
         """`apply` with the layers' keys given, `(num_layers,)` or None."""
 
-        def layer(carry: PyTree, xs: Tuple[Params, Optional[Tensor]], kw: Any) -> PyTree:
-            return self.layer.apply(xs[0], carry, key=xs[1], **kw)
-
         # x may be a tree: a mixture of experts' router statistics ride along with the activations
-        return remat_scan(layer, x, (params, keys), kwargs, policy=self.remat, name="ember.Stacked")
+        return remat_scan(functools.partial(_apply_layer, self.layer), x, (params, keys), kwargs,
+                          policy=self.remat, name="ember.Stacked")
 
     def stack(self, per_layer: Sequence[Params]) -> Params:
         """This module's params from a list of per-layer params (`Sequential`'s layout)."""

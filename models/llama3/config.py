@@ -70,8 +70,9 @@ class Llama3Config:
     """Standard deviation of weight init (HF `initializer_range`)."""
     scan_layers: bool = False
     """Stack the blocks' params along a leading "layers" axis (the checkpoint layout changes) and run them
-    as one rolled loop each way (`remat_scan`). Compile time flat in depth, on Inductor and (remat
-    "full") on torch_xla; the rules can shard the "layers" axis. Blocks of different kinds
+    as one rolled loop each way (`remat_scan`). In ember's Inductor step the default list of blocks
+    rolls too (`Sequential`: compile time flat in depth either way); stacked, the loop also rolls on
+    torch_xla (remat "full") and the rules can shard the "layers" axis. Blocks of different kinds
     (dense, then mixture of experts) become one stack per run of equal blocks (`Stacks`)."""
     remat: str = "none"
     """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"
