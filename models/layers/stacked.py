@@ -17,9 +17,10 @@ torch_xla). The carry may be a pytree: a mixture of experts' layers carry their 
 beside the activations. `remat="full"` (or another policy of `ember.core.remat_policies`) makes the backward
 recompute each layer's activations from its input, keeping only what the policy names; the default
 `"none"` keeps what each layer's own autograd graph would keep. `Sequential` runs each run of
-equal layers the same way over the layers' own params (`remat_scan(..., per_layer=True)`), in
-ember's Inductor step; elsewhere (eagerly, on torch_xla, on DTensor) one layer after the other, each
-wrapped in `ember.core.transforms.remat`. The costs are in BENCHMARKS.md ("How the step scales").
+`roll_from` (8) or more equal layers the same way over the layers' own params
+(`remat_scan(..., per_layer=True)`), in ember's Inductor step; shorter runs, and every run
+elsewhere (eagerly, on torch_xla, on DTensor), one layer after the other, each wrapped in
+`ember.core.transforms.remat`. The costs are in BENCHMARKS.md ("How the step scales").
 
 Example:
     >>> import torch
@@ -68,10 +69,14 @@ class Sequential(Module):
         layers: the layers, each `(x, **kwargs) -> x` of the same shape.
         remat: a remat policy for each layer (`"none"`, `"full"`, `"dots_saveable"`, `"save:<tags>"`;
             `True` means `"full"`).
+        roll_from: a run of at least this many equal layers rolls in ember's Inductor step (compiled
+            once); a shorter one unrolls, which compiles faster there (BENCHMARKS.md, "The default
+            layout rolls").
     """
 
     layers: Tuple[Module, ...]
     remat: Union[str, bool] = "none"
+    roll_from: int = 8
 
     @classmethod
     def repeat(cls, layer: Module, num_layers: int, *, remat: Union[str, bool] = "none") -> "Sequential":
@@ -81,6 +86,9 @@ class Sequential(Module):
     def validate(self) -> None:
         if not isinstance(self.layers, tuple) or not all(isinstance(m, Module) for m in self.layers):
             raise TypeError("Sequential.layers must be a tuple of Modules.")
+        if not isinstance(self.roll_from, int) or self.roll_from < 2:
+            raise ValueError(f"Sequential.roll_from must be an int >= 2 (a loop needs two layers), got "
+                             f"{self.roll_from!r}; pass a larger value to unroll longer runs.")
         remat_policy(self.remat)
         # the runs of equal layers, as (first, end): grouped here, not in apply, which Dynamo may trace
         firsts = itertools.accumulate((len(list(g)) for _, g in itertools.groupby(self.layers)), initial=0)
@@ -100,16 +108,16 @@ class Sequential(Module):
     def apply(self, params: Params, x: PyTree, *, key: Optional[Key] = None, **kwargs: Any) -> PyTree:
         """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output.
 
-        Each run of equal layers with parameters is one `remat_scan(..., per_layer=True)`: in ember's
-        Inductor step one rolled loop each way, compiled once whatever the depth, over the layers' own
-        parameters; elsewhere the layers one after the other.
+        Each run of `roll_from` or more equal layers with parameters is one
+        `remat_scan(..., per_layer=True)`: in ember's Inductor step one rolled loop each way, compiled
+        once whatever the depth, over the layers' own parameters; elsewhere the layers one after the other.
         """
         keys = _layer_keys(key, len(self.layers))
         for first, end in self._runs:
             layer = self.layers[first]
             per_layer = [(params[j] if layer.has_params else {}, None if keys is None else keys[j])
                          for j in range(first, end)]
-            if end - first > 1 and layer.has_params:
+            if end - first >= self.roll_from and layer.has_params:
                 x = remat_scan(functools.partial(_apply_layer, layer), x, per_layer, kwargs, policy=self.remat,
                                name="ember.Sequential", per_layer=True)
                 continue
