@@ -54,7 +54,7 @@ class GPT2Config:
     scan_layers: bool = False
     """Stack the blocks' params along a leading "layers" axis (the checkpoint layout changes) and run them
     as one rolled loop each way (`remat_scan`). In ember's Inductor step the default list of blocks
-    rolls too, from 8 equal blocks (`Sequential.roll_from`: compile time flat in depth either way);
+    rolls too, from 6 equal blocks (`Sequential.roll_from`: compile time flat in depth either way);
     stacked, the loop also rolls on torch_xla (remat "full") and the rules can shard the "layers" axis."""
     remat: str = "none"
     """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"

@@ -17,7 +17,7 @@ torch_xla). The carry may be a pytree: a mixture of experts' layers carry their 
 beside the activations. `remat="full"` (or another policy of `ember.core.remat_policies`) makes the backward
 recompute each layer's activations from its input, keeping only what the policy names; the default
 `"none"` keeps what each layer's own autograd graph would keep. `Sequential` runs each run of
-`roll_from` (8) or more equal layers the same way over the layers' own params
+`roll_from` (6) or more equal layers the same way over the layers' own params
 (`remat_scan(..., per_layer=True)`), in ember's Inductor step; shorter runs, and every run
 elsewhere (eagerly, on torch_xla, on DTensor), one layer after the other, each wrapped in
 `ember.core.transforms.remat`. The costs are in BENCHMARKS.md ("How the step scales").
@@ -76,7 +76,7 @@ class Sequential(Module):
 
     layers: Tuple[Module, ...]
     remat: Union[str, bool] = "none"
-    roll_from: int = 8
+    roll_from: int = 6
 
     @classmethod
     def repeat(cls, layer: Module, num_layers: int, *, remat: Union[str, bool] = "none") -> "Sequential":

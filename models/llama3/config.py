@@ -71,7 +71,7 @@ class Llama3Config:
     scan_layers: bool = False
     """Stack the blocks' params along a leading "layers" axis (the checkpoint layout changes) and run them
     as one rolled loop each way (`remat_scan`). In ember's Inductor step the default list of blocks
-    rolls too, from 8 equal blocks (`Sequential.roll_from`: compile time flat in depth either way);
+    rolls too, from 6 equal blocks (`Sequential.roll_from`: compile time flat in depth either way);
     stacked, the loop also rolls on torch_xla (remat "full") and the rules can shard the "layers" axis. Blocks of different kinds
     (dense, then mixture of experts) become one stack per run of equal blocks (`Stacks`)."""
     remat: str = "none"

@@ -446,6 +446,11 @@ def test_sequential_rolls_each_run_of_roll_from_or_more_equal_layers_in_the_comp
     assert_trees_all_close(got, grad(loss)(p, x), rtol=1e-5, atol=1e-6)
 
 
+def test_a_roll_from_below_two_names_the_fix():
+    with pytest.raises(ValueError, match=r"roll_from must be an int >= 2 .* got 1"):
+        Sequential((Linear(D, D),) * 2, roll_from=1)
+
+
 def test_sequential_remat_grads_equal_plain():
     blk = _block()
     plain, rem = Sequential.repeat(blk, 2), Sequential.repeat(blk, 2, remat=True)
