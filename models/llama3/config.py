@@ -72,8 +72,9 @@ class Llama3Config:
     """Stack the blocks' params along a leading "layers" axis (the checkpoint layout changes) and run them
     as one rolled loop each way (`remat_scan`). In ember's Inductor step the default list of blocks
     rolls too, from 6 equal blocks (`Sequential.roll_from`: compile time flat in depth either way);
-    stacked, the loop also rolls on torch_xla (remat "full") and the rules can shard the "layers" axis. Blocks of different kinds
-    (dense, then mixture of experts) become one stack per run of equal blocks (`Stacks`)."""
+    stacked, the loop also rolls on torch_xla (remat "full") and the rules can shard the "layers" axis.
+    Blocks of different kinds (dense, then mixture of experts) become one stack per run of equal
+    blocks (`Stacks`)."""
     remat: str = "none"
     """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"
     (keep matmul outputs), "dots_with_no_batch_dims_saveable", or "save:<tag>,..." (keep the
