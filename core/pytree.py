@@ -1,6 +1,6 @@
 """Pytrees on `torch.utils._pytree`, the tree format `torch.compile` understands natively.
 
-Public names: `dataclass`, `field`, `tree_map`, `tree_map_with_path`, `tree_leaves`,
+Public names: `dataclass`, `field`, `MaskedNode`, `tree_map`, `tree_map_with_path`, `tree_leaves`,
 `tree_flatten`, `tree_unflatten`, `tree_structure`, `tree_flatten_with_path`, `tree_paths`,
 `tree_leaves_with_path`, `keystr`, `is_pytree_node`, `check_same_structure`, `tree_reduce`, `tree_all`
 (the last two as in `jax.tree_util`).
@@ -37,6 +37,7 @@ from .compat.pytree import torch_pytree as _pytree
 from .types import PyTree
 
 __all__ = [
+    "MaskedNode",
     "TreeSpec",
     "check_same_structure",
     "dataclass",
@@ -190,6 +191,17 @@ def tree_map_with_path(fn: Callable[[str, Any], Any], tree: PyTree, *rest: PyTre
     others = [spec.flatten_up_to(r) for r in rest]
     out = [fn(keystr(path), leaf, *(o[i] for o in others)) for i, (path, leaf) in enumerate(leaves)]
     return tree_unflatten(out, spec)
+
+
+@dataclass
+class MaskedNode:
+    """A placeholder with no leaves, standing where a transformation does not see a parameter.
+
+    `optim.masked` puts it in place of masked-out leaves, per-parameter state that only some
+    parameters need (Adafactor's factored moments) uses it for the others, and a train step that
+    updates its blocks one at a time (`blockwise_update`) for the leaves another call updates, so
+    every tree keeps the paths of the parameter tree. (None would not do: it is a leaf here.)
+    """
 
 
 class _NoInitializer:

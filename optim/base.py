@@ -25,6 +25,7 @@ from typing import Callable, NamedTuple, Optional, Tuple, Union
 from torch import Tensor
 
 from ..core import pytree
+from ..core.pytree import MaskedNode as MaskedNode
 from ..core.protocols import TransformInitFn as TransformInitFn
 from ..core.protocols import check_gradient_transformation
 from ..core.protocols import TransformUpdateFn as TransformUpdateFn
@@ -73,16 +74,6 @@ class GradientTransformation(NamedTuple):
 @pytree.dataclass
 class EmptyState:
     """The state of a stateless transformation: a pytree node with no leaves."""
-
-
-@pytree.dataclass
-class MaskedNode:
-    """A placeholder with no leaves, standing where a transformation does not see a parameter.
-
-    `masked` puts it in place of masked-out leaves, and per-parameter state that only some
-    parameters need (Adafactor's factored moments) uses it for the others, so every state tree
-    keeps the paths of the parameter tree.
-    """
 
 
 def require_transformation(tx: object, *, where: str) -> None:

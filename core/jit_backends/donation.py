@@ -8,6 +8,7 @@ False when the output cannot be donated, and `donation_error` then says precisel
 
 from __future__ import annotations
 
+import threading
 import types
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -15,7 +16,16 @@ from torch import Tensor
 
 from ..pytree import keystr, tree_flatten, tree_flatten_with_path, tree_leaves
 
-__all__ = ["donation_error", "make_entry", "short_repr", "with_first"]
+__all__ = ["donated", "donation_error", "make_entry", "short_repr", "with_first"]
+
+_DONATED = threading.local()
+
+
+def donated(tensors: Any) -> bool:
+    """Whether every tensor of `tensors` is a leaf of the state the running jitted function was
+    donated: it may then be overwritten in place (`blockwise_update` writes each block so)."""
+    ids = getattr(_DONATED, "ids", frozenset())
+    return all(id(t) in ids for t in tree_leaves(tensors))
 
 _MSG_BAD_OUTPUT = (
     "jit(donate='state') expects fn to return a tuple or list whose first element is the new "
@@ -84,14 +94,19 @@ def make_entry(fn: Callable, donate: str) -> Callable[..., Tuple[Any, bool]]:
     else:
 
         def entry(state: Any, *args: Any, **kwargs: Any) -> Tuple[Any, bool]:
-            out = fn(state, *args, **kwargs)
+            before = getattr(_DONATED, "ids", frozenset())
+            _DONATED.ids = frozenset(map(id, tree_leaves(state)))
+            try:
+                out = fn(state, *args, **kwargs)
+            finally:
+                _DONATED.ids = before
             if not _donatable(state, out):
                 return out, False  # the front door raises the precise error; the state is untouched
             # One copy_ per leaf, not torch._foreach_copy_: Inductor (CPU) orders a fused foreach
             # copy into graph inputs wrongly when a new leaf reads another donated leaf (Adam's
             # param update reading m and v written first); per-leaf copies are right.
             for dst, src in zip(tree_leaves(state), tree_leaves(out[0])):
-                dst.copy_(src)
+                dst.copy_(src)  # onto itself for a leaf written in place: marks it written (cuda_graph.py)
             return with_first(out, state), True
 
     name = "ember_jit_" + "".join(c if c.isalnum() else "_" for c in getattr(fn, "__name__", "fn"))

@@ -19,15 +19,10 @@ from ..pytree import keystr, tree_flatten_with_path, tree_map, tree_unflatten
 from ..random import fold_in
 from ..rolled_loop import rolled_sum
 from ..transforms import value_and_grad
-from ..tree_math import (
-    apply_updates,
-    global_norm,
-    tree_cast,
-    tree_scale,
-    tree_where,
-)
+from ..tree_math import tree_cast, tree_scale
 from ..types import Batch, Key, Metrics, Params
 from ..protocols import GradientTransformation, check_gradient_transformation
+from .blockwise_update import plan_update
 from ._common import RESERVED_METRICS, check_builder_args, check_state, find_learning_rate, split_loss_output
 from .token_loss import TokenLoss
 __all__ = ["train_step"]
@@ -252,24 +247,22 @@ def train_step(
         step_key = fold_in(state_key, state.step) if state_key is not None else None
 
         acc_grads, loss, tokens, aux = accumulate(params, batch, step_key)
-        grad_norm = global_norm(acc_grads)
         # The optimizer sees gradients in each parameter's own dtype, whatever `microbatches`, and
         # laid out like it: a transposed gradient (an einsum's) would give the optimizer state new
         # strides, and a compiled step a second graph on its next call.
         grads = tree_map(_like_param, acc_grads, params)
-        updates, new_opt_state = transform.update(grads, opt_state, params)
-        new_params = apply_updates(params, updates)
-        update_norm = global_norm(updates)
+        update = plan_update(transform, grads, opt_state, params)
+        grad_norm = update.norm(acc_grads)
+        # Any non-finite gradient element makes the norm non-finite, and the norm is computed
+        # anyway: a second per-leaf reduction would cost one more kernel per parameter. A norm
+        # that overflows float32 (above ~1.8e19) also reads as non-finite; such gradients are
+        # unusable anyway.
+        ok = torch.isfinite(loss) & torch.isfinite(grad_norm) if skip_nonfinite else None
+        new_params, new_opt_state, update_norm = update.apply(transform, grads, opt_state, params, ok,
+                                                              after=[loss, *aux.values()])
 
         zero_i64 = torch.zeros((), dtype=torch.int64, device=state.step.device)
-        if skip_nonfinite:
-            # Any non-finite gradient element makes the norm non-finite, and the norm is computed
-            # anyway: a second per-leaf reduction would cost one more kernel per parameter. A norm
-            # that overflows float32 (above ~1.8e19) also reads as non-finite; such gradients are
-            # unusable anyway.
-            ok = torch.isfinite(loss) & torch.isfinite(grad_norm)
-            new_params = tree_where(ok, new_params, params)
-            new_opt_state = tree_where(ok, new_opt_state, opt_state)
+        if ok is not None:
             skipped = (~ok).to(torch.float32)
             update_norm = torch.where(ok, update_norm, torch.zeros_like(update_norm))
             skipped_inc = (~ok).to(torch.int64)
