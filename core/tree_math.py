@@ -1,6 +1,6 @@
 """Arithmetic over pytrees of tensors, vectorised with `torch._foreach_*` (no per-leaf Python math).
 
-Public names: `apply_updates`, `global_norm`, `given_global_norm`, `tree_add`, `tree_sub`, `tree_scale`,
+Public names: `apply_updates`, `global_norm`, `given_global_norm`, `square_sum`, `tree_add`, `tree_sub`, `tree_scale`,
 `tree_zeros_like`, `tree_ones_like`, `tree_cast`, `tree_where`, `tree_all_finite`, `tree_vdot`,
 `tree_size`, `tree_bytes`.
 
@@ -23,6 +23,7 @@ __all__ = [
     "apply_updates",
     "given_global_norm",
     "global_norm",
+    "square_sum",
     "tree_add",
     "tree_all_finite",
     "tree_bytes",
@@ -127,12 +128,18 @@ def global_norm(tree: PyTree) -> Tensor:
         if len(given) == len(raw) and all(a is b for a, b in zip(given, raw)):
             uses.append(norm)
             return norm
-    leaves = [t if t.dtype == torch.float32 else t.float() for t in raw]
-    if not leaves:
+    if not raw:
         return torch.zeros(())
     if torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling():
-        return torch.stack([(t * t).sum() for t in leaves]).sum().sqrt()
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(leaves)))
+        return torch.stack([square_sum(t) for t in raw]).sum().sqrt()
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(
+        [t if t.dtype == torch.float32 else t.float() for t in raw])))
+
+
+def square_sum(t: Tensor) -> Tensor:
+    """One leaf's term of `global_norm` in a traced step: the sum of its squares, in float32."""
+    t = t if t.dtype == torch.float32 else t.float()
+    return (t * t).sum()
 
 
 def tree_vdot(a: PyTree, b: PyTree) -> Tensor:

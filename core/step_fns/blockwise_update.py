@@ -34,7 +34,7 @@ from ..jit_backends.donation import donated
 from ..leaf_dependencies import REST, LeafDependencies
 from ..pytree import MaskedNode, tree_flatten, tree_flatten_with_path, tree_leaves, tree_unflatten
 from ..rolled_loop import Compiled, meta, rolling, run_loop
-from ..tree_math import apply_updates, given_global_norm, global_norm, tree_where
+from ..tree_math import apply_updates, given_global_norm, global_norm, square_sum, tree_where
 
 __all__ = ["MIN_BLOCKS", "plan_update"]
 
@@ -181,9 +181,8 @@ class BlockwiseUpdate(WholeUpdate):
         n_leaves, n_spec = tree_flatten(new_state)
         if mode.mixed is not None or u_spec != p_spec or n_spec != s_spec:
             return False
-        for out, before in (*zip(u_leaves, g_leaves), *zip(n_leaves, s_leaves)):
-            if mode.group_of(out) not in (None, group[id(before)]) or (
-                    group[id(before)] is None and mode.group_of(out) is not None):
+        for out, before in (*zip(u_leaves, g_leaves), *zip(n_leaves, s_leaves)):  # shared stays shared
+            if mode.group_of(out) not in (None, group[id(before)]):
                 return False
         for r, run_ in enumerate(self.runs):
             logs = [mode.logs.get(block_id[(r, b)], []) for b in range(len(run_))]
@@ -198,10 +197,10 @@ class BlockwiseUpdate(WholeUpdate):
         for known, value in self.norms:
             if len(known) == len(leaves) and all(a is b for a, b in zip(known, leaves)):
                 return value
-        squares: Dict[int, Tensor] = {i: _square_sum(leaves[i]) for i in self.rest_params}
+        squares: Dict[int, Tensor] = {i: square_sum(leaves[i]) for i in self.rest_params}
         for r, run in enumerate(self.runs):
             def body(block: List[Tensor]) -> Tensor:
-                return torch.stack([_square_sum(t) for t in block])
+                return torch.stack([square_sum(t) for t in block])
 
             compiled = Compiled(body)
             n = len(run[0])
@@ -241,7 +240,7 @@ class BlockwiseUpdate(WholeUpdate):
         if ok is not None:
             applied, state = tree_where(ok, applied, rest_p), tree_where(ok, state, rest_s)
         for i, p, u in zip(self.rest_params, tree_leaves(applied), tree_leaves(updates)):
-            new_p[i], squares[i] = p, _square_sum(u)
+            new_p[i], squares[i] = p, square_sum(u)
         for j, s in zip(self.rest_state, tree_leaves(state)):
             new_s[j] = s
 
@@ -274,7 +273,7 @@ class BlockwiseUpdate(WholeUpdate):
             if keep is not None:
                 applied = [torch.where(keep, a, b) for a, b in zip(applied, p)]
                 new_m = [torch.where(keep, a, b) for a, b in zip(new_m, m)]
-            return (applied, new_m), torch.stack([_square_sum(u) for u in tree_leaves(updates)])
+            return (applied, new_m), torch.stack([square_sum(u) for u in tree_leaves(updates)])
 
         n_p, n_m = len(first), len(first_mirror)
         width = 2 * n_p + n_m
@@ -302,8 +301,8 @@ class BlockwiseUpdate(WholeUpdate):
         if not in_place:
             out += [meta(t) for b in range(len(run)) for t in per_block[b * width:b * width + n_p + n_m]]
         results = run_loop(f"ember.train_step.update{r}", loop, [*per_block, *more, *after], out)
-        for b, (block, mirror) in enumerate(zip(run, mirrors)):
-            if not in_place:
+        if not in_place:
+            for b, (block, mirror) in enumerate(zip(run, mirrors)):
                 new = results[1 + b * (n_p + n_m):1 + (b + 1) * (n_p + n_m)]
                 new_p.update(zip(block, new[:n_p]))
                 new_s.update(zip(mirror, new[n_p:]))
@@ -322,9 +321,3 @@ def _update(tx: Any, grads: Any, state: Any, params: Any, norm: Optional[Tensor]
         return tx.update(grads, state, params)
     with given_global_norm(grads, norm):
         return tx.update(grads, state, params)
-
-
-def _square_sum(u: Tensor) -> Tensor:
-    """A leaf's share of `global_norm`: the sum of its squares in float32."""
-    u = u if u.dtype == torch.float32 else u.float()
-    return (u * u).sum()
