@@ -42,10 +42,12 @@ Meta = Tuple[Tuple[int, ...], Tuple[int, ...], torch.dtype, torch.device]  # sha
 
 @dataclasses.dataclass
 class _Loop:
-    """A registered loop: `run(inputs) -> outputs`, and what the outputs look like."""
+    """A registered loop: `run(inputs) -> outputs`, what the outputs look like, and which inputs
+    (positions) it overwrites in place."""
 
     run: Callable[[List[Tensor]], List[Tensor]]
     outputs: List[Meta]
+    writes: Tuple[int, ...] = ()
 
 
 class _Registry:
@@ -113,10 +115,13 @@ def rolling(tree: PyTree) -> bool:
 
 
 def run_loop(name: str, run: Callable[[List[Tensor]], List[Tensor]], inputs: Sequence[Tensor],
-             outputs: Sequence[Meta]) -> List[Tensor]:
+             outputs: Sequence[Meta], writes: Sequence[int] = ()) -> List[Tensor]:
     """One `ember::rolled_loop` node that calls `run(inputs)` at run time; `outputs` describes its results.
 
-    `run` must be pure, must not return its inputs, and returns contiguous tensors.
+    `run` must not return its inputs, returns contiguous tensors, and writes no input but those at
+    positions `writes` (a donated state updated in place). The graph does not see those writes:
+    whatever reads such an input's old value must be an input of the loop too (so it runs first);
+    `written_inputs` names them for who must know (`jit(cuda_graph=True)`).
     """
     counts = _REGISTRY.counts
     counts[name] = counts.get(name, -1) + 1
@@ -125,8 +130,17 @@ def run_loop(name: str, run: Callable[[List[Tensor]], List[Tensor]], inputs: Seq
     # could be loaded for 8.
     digest = hashlib.sha1(repr(list(outputs)).encode()).hexdigest()[:12]
     identifier = f"{name}#{counts[name]}:{digest}"
-    _REGISTRY.loops[identifier] = _Loop(run, list(outputs))
+    _REGISTRY.loops[identifier] = _Loop(run, list(outputs), tuple(writes))
     return list(torch.ops.ember.rolled_loop(identifier, list(inputs)))
+
+
+def written_inputs(node: torch.fx.Node) -> List[Any]:
+    """The arguments (graph nodes) that `node`, an `ember::rolled_loop` call of a traced graph, writes
+    in place; none for any other node."""
+    if node.op != "call_function" or node.target is not torch.ops.ember.rolled_loop.default:
+        return []
+    identifier, inputs = node.args
+    return [inputs[i] for i in _REGISTRY.loops[identifier].writes]
 
 
 def dense_strides(t: Tensor) -> Tuple[int, ...]:

@@ -1,9 +1,10 @@
 """Donation: the traced entry writes the new state into the donated state's own tensors.
 
 `make_entry(fn, donate)` returns the function every backend traces or runs: `fn`, plus (with
-`donate="state"`) one `copy_` per leaf from the new state into the donated one, decided on static
-metadata only, so it costs nothing per call once compiled. The entry returns `(out, ok)`; `ok` is
-False when the output cannot be donated, and `donation_error` then says precisely why.
+`donate="state"`) one `copy_` per leaf from the new state into the donated one (none where the new
+leaf is the donated tensor itself), decided on static metadata only, so it costs nothing per call
+once compiled. The entry returns `(out, ok)`; `ok` is False when the output cannot be donated, and
+`donation_error` then says precisely why.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def make_entry(fn: Callable, donate: str) -> Callable[..., Tuple[Any, bool]]:
             # copy into graph inputs wrongly when a new leaf reads another donated leaf (Adam's
             # param update reading m and v written first); per-leaf copies are right.
             for dst, src in zip(tree_leaves(state), tree_leaves(out[0])):
-                dst.copy_(src)  # onto itself for a leaf written in place: marks it written (cuda_graph.py)
+                if src is not dst:  # a leaf returned as it came, or written in place by a rolled loop
+                    dst.copy_(src)
             return with_first(out, state), True
 
     name = "ember_jit_" + "".join(c if c.isalnum() else "_" for c in getattr(fn, "__name__", "fn"))

@@ -300,7 +300,8 @@ class BlockwiseUpdate(WholeUpdate):
         out = [((len(run), n_p), (n_p, 1), torch.float32, p_leaves[first[0]].device)]
         if not in_place:
             out += [meta(t) for b in range(len(run)) for t in per_block[b * width:b * width + n_p + n_m]]
-        results = run_loop(f"ember.train_step.update{r}", loop, [*per_block, *more, *after], out)
+        writes = [b * width + k for b in range(len(run)) for k in range(n_p + n_m)] if in_place else []
+        results = run_loop(f"ember.train_step.update{r}", loop, [*per_block, *more, *after], out, writes)
         if not in_place:
             for b, (block, mirror) in enumerate(zip(run, mirrors)):
                 new = results[1 + b * (n_p + n_m):1 + (b + 1) * (n_p + n_m)]
