@@ -280,9 +280,10 @@ class BlockwiseUpdate(WholeUpdate):
         per_block = [t for block, mirror in zip(run, mirrors) for t in (
             [p_leaves[i] for i in block] + [s_leaves[j] for j in mirror] + [g_leaves[i] for i in block])]
         more = [s_leaves[j] for j in shared] + [t for t in (ok, norm) if t is not None]
-        # A donated state's blocks are written in place; otherwise each block's new params and
-        # state are the loop's results.
-        in_place = donated([t for b in range(len(run)) for t in per_block[b * width:b * width + n_p + n_m]])
+        # A donated state's blocks (each block's params and state: `owned`, positions in `per_block`)
+        # are written in place; otherwise each block's new params and state are the loop's results.
+        owned = [b * width + k for b in range(len(run)) for k in range(n_p + n_m)]
+        in_place = donated([per_block[i] for i in owned])
         compiled = Compiled(body, donate="state" if in_place else "none")
 
         def loop(inputs: List[Tensor]) -> List[Tensor]:
@@ -299,9 +300,9 @@ class BlockwiseUpdate(WholeUpdate):
         # is done before the loop overwrites them.
         out = [((len(run), n_p), (n_p, 1), torch.float32, p_leaves[first[0]].device)]
         if not in_place:
-            out += [meta(t) for b in range(len(run)) for t in per_block[b * width:b * width + n_p + n_m]]
-        writes = [b * width + k for b in range(len(run)) for k in range(n_p + n_m)] if in_place else []
-        results = run_loop(f"ember.train_step.update{r}", loop, [*per_block, *more, *after], out, writes)
+            out += [meta(per_block[i]) for i in owned]
+        results = run_loop(f"ember.train_step.update{r}", loop, [*per_block, *more, *after], out,
+                           writes=owned if in_place else [])
         if not in_place:
             for b, (block, mirror) in enumerate(zip(run, mirrors)):
                 new = results[1 + b * (n_p + n_m):1 + (b + 1) * (n_p + n_m)]
