@@ -23,7 +23,7 @@ _CHILD = textwrap.dedent("""
     from ember.models import build_model
 
     deterministic = sys.argv[1] == "1"
-    model = build_model("gpt2", "tiny", dropout=0.1, vocab_size=512, n_layers=2)
+    model = build_model("gpt2", "tiny", dropout=0.1, vocab_size=512, n_layers=1)
     tx = optim.adamw(1e-3)
     start = TrainState.create(params=model.init(random.key(0)), tx=tx, key=random.key(1))
 

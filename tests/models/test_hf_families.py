@@ -114,14 +114,18 @@ def test_mistral_sliding_window_matches_transformers(tmp_path):
     assert _max_diff(unwindowed[:, :8], got[:, :8]) < 1e-5 and _max_diff(unwindowed, got) > 1e-3
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "gemma"])
-def test_tiny_presets_train_compiled(family):
+# Every family through Dynamo and AOTAutograd whole (fullgraph: no graph break, the backward traced);
+# Inductor's lowering once, for Gemma's ops of its own (tanh GELU, 1 + w norms); the others' blocks are
+# Llama's with q/k norms or biases, which Inductor compiles in test_sft.py and every qwen3_moe test.
+@pytest.mark.parametrize("family,backend", [("qwen2", "aot_eager"), ("qwen3", "aot_eager"),
+                                            ("mistral", "aot_eager"), ("gemma", "inductor")])
+def test_tiny_presets_train_compiled(family, backend):
     model = build_model(family, "tiny")
     params = model.init(random.key(0))
     tokens = random.randint(random.key(1), (2, 33), 0, model.config.vocab_size)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
     state = TrainState.create(params=params, tx=optim.adamw(1e-2), key=random.key(2))
-    step = torch.compile(train_step(lm_loss(model)), fullgraph=True)
+    step = torch.compile(train_step(lm_loss(model)), fullgraph=True, backend=backend)
     losses = []
     for _ in range(3):
         state, metrics = step(state, batch)

@@ -24,7 +24,7 @@ import _token_weighting  # noqa: E402
 
 SEEDS = _token_weighting.SEEDS
 MICROBATCHES = (1, 2)
-LLAMA = dict(vocab_size=96, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16)
+LLAMA = dict(vocab_size=96, d_model=32, n_heads=4, n_kv_heads=2, n_layers=1, ffn_dim=64, max_seq_len=16)
 
 
 ROWS_SEEN = []  # per call of `loss_with_rows_seen`, the rows of `x` this device held (at trace time when compiled)
