@@ -116,7 +116,8 @@ def test_mistral_sliding_window_matches_transformers(tmp_path):
 
 # Every family through Dynamo and AOTAutograd whole (fullgraph: no graph break, the backward traced);
 # Inductor's lowering once, for Gemma's ops of its own (tanh GELU, 1 + w norms); the others' blocks are
-# Llama's with q/k norms or biases, which Inductor compiles in test_sft.py and every qwen3_moe test.
+# Llama's with q/k norms, biases or a window, which Inductor compiles in test_sft.py, test_attention_chunks.py
+# and every qwen3_moe test.
 @pytest.mark.parametrize("family,backend", [("qwen2", "aot_eager"), ("qwen3", "aot_eager"),
                                             ("mistral", "aot_eager"), ("gemma", "inductor")])
 def test_tiny_presets_train_compiled(family, backend):
