@@ -80,9 +80,10 @@ test-xla: install-xla
 test-mid: install-mid
 	$(PY_MID) -m pytest -m "not xla and not repro" $(PYTEST_ARGS) $(VERSION_TESTS)
 
-# Whether the racy upstream bugs behind the compat patches still reproduce, on each torch line: run
-# it on an idle machine before moving a gate (a loaded one makes the race rarer: CI saw 0 of 6 runs
-# abort where an idle machine saw 6 of 6). `make test` checks the patches themselves.
+# Whether the racy upstream bugs behind the compat patches still reproduce, and the plain-torch ops
+# the patches switch to survive the same load, on each torch line: run it on an idle machine before
+# moving a gate (a loaded one makes the race rarer: CI saw 0 of 6 runs abort where an idle machine saw
+# 6 of 6). `make test` checks the patches themselves.
 test-repro: install install-xla install-mid
 	$(PY) -m pytest -m repro
 	$(PY_XLA) -m pytest -m repro
