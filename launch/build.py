@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ember import data, models, optim
-from ember.core import TrainState, device_for, pytree, random, to_device
+from ember.core import TrainState, device_for, random, to_device
 from ember.core.step_fns import eval_step, train_step
 from ember.launch.checkpointing import already_finished
 from ember.launch.init_from import check_init_from, load_initial_params
@@ -88,9 +88,6 @@ def initial_state(cfg: TrainConfig, model: Any, device: Any = "cpu") -> TrainSta
     if lora:
         params = model.init_from(params, key=random.fold_in(random.key(cfg.seed, device=device), 2))
         tx = optim.masked(tx, lora_mask(params))  # the base is frozen: its updates pass through as zeros
-    if any(pytree.tree_leaves(optim.expert_bias_mask(params))):
-        # the routers' expert biases move by their load, never by the optimizer (ember.optim.balance_experts)
-        tx = optim.balance_experts(tx, getattr(cfg.model, "expert_bias_update_rate", 0.0))
     return TrainState.create(params=params, tx=tx, key=random.fold_in(random.key(cfg.seed, device=device), 1))
 
 

@@ -336,8 +336,9 @@ def from_hf(
 
 
 _FLOAT32_KEYS = ("e_score_correction_bias",)
-"""Tensors `from_hf(dtype=...)` leaves in float32: a bfloat16 expert bias would round away the 1e-3 steps
-that balance the experts (`ember.optim.balance_experts`)."""
+"""Tensors `from_hf(dtype=...)` and `to_hf(dtype=...)` leave in float32, as transformers keeps them
+(`_keep_in_fp32_modules_strict`): a bfloat16 expert bias would round away the 1e-3 steps that balance the
+experts (`ember.models.layers.moe_router.expert_balance`)."""
 
 _DESCRIPTIVE_KEYS = frozenset({"architectures", "max_position_embeddings", "bos_token_id", "eos_token_id",
                                "initializer_range", "use_cache"})
@@ -358,7 +359,8 @@ def to_hf(
         model: a native model, e.g. `GPT2`, `Llama3`, `Qwen2` (for a LoRA model, export `merge_lora(...)` with the base model).
         params: its params (either layer layout; gathered to CPU while writing).
         path: the output folder (created if needed; existing files of the same names are replaced).
-        dtype: cast every tensor to this dtype (also recorded in config.json); None keeps theirs.
+        dtype: cast every tensor to this dtype (also recorded in config.json) but the routers' correction
+            biases, which stay float32 as transformers keeps them; None keeps theirs.
         extra_config: more `config.json` entries, e.g. `{"bos_token_id": 0, "eos_token_id": 1}`; it may not
             change an entry of the model's math that its config writes (`pad_token_id`, shapes, ...),
             only descriptive ones (`_DESCRIPTIVE_KEYS`: `max_position_embeddings`, token ids, ...).
@@ -383,7 +385,7 @@ def to_hf(
     state = params_to_hf(params, model.config)
     tensors = {}
     for k, v in state.items():
-        v = v.detach().to("cpu", dtype=dtype)
+        v = v.detach().to("cpu", dtype=None if k.endswith(_FLOAT32_KEYS) else dtype)
         # own, contiguous storage: views of stacked or fused tensors share memory, which safetensors refuses
         tensors[k] = v.clone(memory_format=torch.contiguous_format)
     stored = dtype or next(iter(tensors.values())).dtype

@@ -37,6 +37,8 @@ def lm_loss(model: Any, *, z_loss: float = 0.0, ignore_index: int = -100) -> Cal
 
     A mixture-of-experts model (one with `auxiliary_loss`, e.g. `ember.models.Qwen3Moe`) adds its
     router losses (load balancing, z-loss) to the total and returns its `moe_*` metrics beside it.
+    Its expert biases, whose gradient is each expert's load, are named in the returned function's
+    `statistic_leaves` (the model's), so that `train_step` moves them by their rule, not by the optimizer.
 
     Returns:
         `loss_fn(params, batch, *, key) -> TokenLoss(sum, count)` (or `(TokenLoss, metrics)` for a
@@ -65,6 +67,8 @@ def lm_loss(model: Any, *, z_loss: float = 0.0, ignore_index: int = -100) -> Cal
         extra_total, metrics = model.auxiliary_loss(router_stats, loss.count)
         return TokenLoss(loss.total + extra_total, loss.count), metrics
 
+    rule = getattr(model, "statistic_leaves", None)
+    loss_fn.statistic_leaves = rule() if callable(rule) else None  # type: ignore[attr-defined]
     return loss_fn
 
 

@@ -19,10 +19,8 @@ Public names, by module:
   `get_hyperparams`.
 - schedules: `constant_schedule`, `linear_schedule`, `polynomial_schedule`,
   `cosine_decay_schedule`, `warmup_cosine_decay_schedule`, `join_schedules`.
-- building blocks: `clip_by_global_norm`, `clip_by_block_rms` (clipping); `balance_experts`,
-  `sign_of_load`, `expert_bias_mask` (DeepSeek-V3's aux-loss-free expert bias); `masked`,
-  `MaskedState`, `decay_mask` (masking); `add_decayed_weights` (weight_decay); `scale`,
-  `scale_by_learning_rate`, `scale_by_schedule`, `ScaleByScheduleState` (scaling);
+- building blocks: `clip_by_global_norm`, `clip_by_block_rms` (clipping); `masked`, `MaskedState`,
+  `decay_mask` (masking); `add_decayed_weights` (weight_decay); `scale`, `scale_by_learning_rate`, `scale_by_schedule`, `ScaleByScheduleState` (scaling);
   `scale_by_adam`, `ScaleByAdamState` (adam); `trace`, `TraceState`, `ema`, `EmaState`
   (momentum); `scale_by_lion`, `ScaleByLionState` (lion); `scale_by_factored_rms`,
   `ScaleByFactoredRmsState`, `scale_by_param_block_rms` (adafactor).
@@ -73,9 +71,6 @@ from .conditionality import apply_if_finite as apply_if_finite
 from .config import OptimConfig as OptimConfig
 from .config import from_config as from_config
 from .config import schedule_from_config as schedule_from_config
-from .expert_bias import balance_experts as balance_experts
-from .expert_bias import expert_bias_mask as expert_bias_mask
-from .expert_bias import sign_of_load as sign_of_load
 from .hyperparams import InjectHyperparamsState as InjectHyperparamsState
 from .hyperparams import get_hyperparams as get_hyperparams
 from .hyperparams import inject_hyperparams as inject_hyperparams
@@ -129,7 +124,6 @@ __all__ = [
     "add_decayed_weights",
     "apply_if_finite",
     "apply_updates",
-    "balance_experts",
     "chain",
     "clip_by_block_rms",
     "clip_by_global_norm",
@@ -137,7 +131,6 @@ __all__ = [
     "cosine_decay_schedule",
     "decay_mask",
     "ema",
-    "expert_bias_mask",
     "from_config",
     "get_hyperparams",
     "global_norm",
@@ -159,7 +152,6 @@ __all__ = [
     "schedule_from_config",
     "set_hyperparams",
     "sgd",
-    "sign_of_load",
     "stateless",
     "trace",
     "warmup_cosine_decay_schedule",

@@ -12,6 +12,7 @@ import torch
 from ..tree_math import tree_cast
 from ..types import Batch, Metrics
 from ._common import check_builder_args, is_state_like, split_loss_output
+from .statistic_leaves import NO_STATISTICS, statistic_leaves_of
 from .token_loss import TokenLoss
 
 __all__ = ["eval_step"]
@@ -55,11 +56,12 @@ def eval_step(
         {'loss': 1.0, 'mae': 1.0}
     """
     check_builder_args("eval_step", loss_fn, compute_dtype)
+    statistics = statistic_leaves_of(loss_fn) or NO_STATISTICS  # kept in their own dtype, as in train_step
 
     def step(params_or_state: Any, batch: Batch) -> Metrics:
         params = params_or_state.params if is_state_like(params_or_state) else params_or_state
         with torch.no_grad():
-            out = loss_fn(tree_cast(params, compute_dtype), tree_cast(batch, compute_dtype), key=None)
+            out = loss_fn(statistics.cast(params, compute_dtype), tree_cast(batch, compute_dtype), key=None)
         loss, aux = split_loss_output(out, reserved=("loss", "tokens"))
         if isinstance(loss, TokenLoss):
             metrics: Metrics = {"loss": loss.mean(), "tokens": loss.count.to(torch.float32)}

@@ -23,6 +23,7 @@ from ..tree_math import tree_cast, tree_scale
 from ..types import Batch, Key, Metrics, Params
 from ..protocols import GradientTransformation, check_gradient_transformation
 from .blockwise_update import plan_update
+from .statistic_leaves import NO_STATISTICS, statistic_leaves_of
 from ._common import RESERVED_METRICS, check_builder_args, check_state, find_learning_rate, split_loss_output
 from .token_loss import TokenLoss
 __all__ = ["train_step"]
@@ -146,7 +147,10 @@ def train_step(
     cast to it for the forward and backward pass; master params stay in their own dtype and
     gradients come back in it through the cast. With `skip_nonfinite`, a step whose loss or any
     gradient is NaN/inf keeps `params` and `opt_state` (selected with `tree_where`, no host
-    sync), increments `state.skipped_steps`, and still advances `state.step`.
+    sync), increments `state.skipped_steps`, and still advances `state.step`. A loss function whose
+    `statistic_leaves` (a `StatisticLeaves`) marks leaves that get a statistic as their gradient
+    (`ember.models.lm_loss` of a model with an expert bias) has those leaves moved by its rule: the
+    transformation, the clip and the metrics' norms see zeros there, whoever built `tx`.
 
     Metrics (a dict of 0-d tensors, never synced to host):
         `loss` (float32: the token-weighted mean, or the mean of the chunk means), `tokens` (float32
@@ -196,12 +200,13 @@ def train_step(
     """
     _check_args(loss_fn, tx, microbatches, compute_dtype, accumulate_dtype)
     skip_nonfinite = bool(skip_nonfinite)
+    statistics = statistic_leaves_of(loss_fn) or NO_STATISTICS
 
     def loss_and_grads(params: Params, batch: Batch, key: Optional[Key]):
         """Gradients and value of one (micro)batch's summed total (`TokenLoss`) or mean loss, its count, aux."""
 
         def objective(p: Params):
-            out = loss_fn(tree_cast(p, compute_dtype), batch, key=key)
+            out = loss_fn(statistics.cast(p, compute_dtype), batch, key=key)
             loss, aux = split_loss_output(out, reserved=RESERVED_METRICS)
             if isinstance(loss, TokenLoss):
                 # Differentiate this microbatch's mean, so gradients in a low-precision compute dtype
@@ -247,6 +252,10 @@ def train_step(
         step_key = fold_in(state_key, state.step) if state_key is not None else None
 
         acc_grads, loss, tokens, aux = accumulate(params, batch, step_key)
+        # Leaves whose "gradient" is a statistic (an expert's load) move by their own rule; the
+        # transformation and the norms see zeros there.
+        split = statistics.split(params, acc_grads)
+        acc_grads = split.grads
         # The optimizer sees gradients in each parameter's own dtype, whatever `microbatches`, and
         # laid out like it: a transposed gradient (an einsum's) would give the optimizer state new
         # strides, and a compiled step a second graph on its next call.
@@ -259,7 +268,8 @@ def train_step(
         # unusable anyway.
         ok = torch.isfinite(loss) & torch.isfinite(grad_norm) if skip_nonfinite else None
         new_params, new_opt_state, update_norm = update.apply(transform, grads, opt_state, params, ok,
-                                                              after=[loss, *aux.values()])
+                                                              after=[loss, *aux.values(), *split.moves.values()])
+        new_params = split.moved(new_params, ok)
 
         zero_i64 = torch.zeros((), dtype=torch.int64, device=state.step.device)
         if ok is not None:

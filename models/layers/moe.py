@@ -37,7 +37,7 @@ from ...core.partition_specs import constrain, current_sharding
 from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from . import initializers as inits
-from .moe_dispatch import assign_slots, combine, dispatch, expert_capacity, one_hot
+from .moe_dispatch import assign_slots, combine, dispatch, expert_capacity
 from .moe_router import Router, bias_signal
 from .module import Module
 from .param import Param
@@ -63,6 +63,15 @@ def check_tensor_parallel(mesh: Optional[Mesh], *, compiled: bool) -> None:
             f"torch {torch.__version__} compiles a mixture of experts under tensor parallelism (tp={tp}) to a "
             f"wrong step on DTensor (collectives left unwaited; measured on 2.9 and 2.10, right from 2.11): run "
             f"it uncompiled (--backend eager, jit(backend='eager')), drop tp from the mesh, or use torch >= 2.11."))
+
+
+def _real_tokens(kwargs: Dict[str, Any]) -> Optional[Tensor]:
+    """(B, T) bool, False for padding (an `attention_mask` of 0 or a `segment_ids` of 0); None: all real."""
+    mask, segments = kwargs.get("attention_mask"), kwargs.get("segment_ids")
+    valid = None if mask is None else mask.to(torch.bool)
+    if segments is not None:
+        valid = segments != 0 if valid is None else valid & (segments != 0)
+    return valid
 
 
 def empty_router_stats(n_experts: int, device: Any = None) -> RouterStats:
@@ -104,7 +113,8 @@ class MoE(Module):
         router: picks the experts (its `n_experts`, `top_k` are the layer's).
         hidden: I, each routed expert's inner width (HF `moe_intermediate_size`).
         capacity_factor: slots per expert and sequence as a multiple of the even share `S * k / E`
-            (pairs beyond it are dropped); None: dropless (`S` slots).
+            (pairs beyond it are dropped); None: dropless (`S` slots). Decoding through a KV cache is
+            dropless whatever it is.
         shared: a feed-forward layer every token also goes through (DeepSeek-V3's shared experts),
             added unweighted; None for none.
         expert_init: initializer of the expert weights.
@@ -148,16 +158,21 @@ class MoE(Module):
 
     def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None,
               **kwargs: Any) -> Tuple[Tensor, RouterStats]:
-        """Args: x: (B, T, d); `attention_mask` (B, T) in kwargs leaves padding out of the stats.
-        Returns: `(y (B, T, d), stats)`."""
+        """Args: x: (B, T, d); in kwargs, `attention_mask` (B, T, 0 for padding) or `segment_ids` (B, T, 0
+        for padding, as ember's packer and MaxText's mark it) leave padding out of the capacity slots and
+        the stats. Returns: `(y (B, T, d), stats)`."""
         sharding = current_sharding()
         if sharding is not None:
             check_tensor_parallel(sharding.mesh, compiled=torch.compiler.is_compiling())
         B, T, d = x.shape
         E, k = self.n_experts, self.router.top_k
         routing = self.call("router", params, x.reshape(B * T, d), **kwargs)
-        C = expert_capacity(T, k, E, self.capacity_factor)
-        slots = assign_slots(routing.indices.view(B, T, k), E, C)
+        # Decoding through a KV cache (prefill and steps) is dropless: a step sees one token, so capacity
+        # could not drop what a full forward drops, and the two would disagree.
+        decoding = kwargs.get("kv_cache") is not None
+        C = expert_capacity(T, k, E, None if decoding else self.capacity_factor)
+        valid = _real_tokens(kwargs)
+        slots = assign_slots(routing.indices.view(B, T, k), E, C, valid)
         buffer = constrain(dispatch(x, slots, E, C), _BUFFER_BY_GROUP)  # (B, E, C, d)
         buffer = constrain(buffer, _BUFFER_BY_EXPERT)  # the all-to-all under expert parallelism
         out = constrain(self._experts(params, buffer), _BUFFER_BY_EXPERT)  # (B, E, C, d)
@@ -165,7 +180,7 @@ class MoE(Module):
         y = combine(out, slots, routing.weights.view(B, T, k)).to(x.dtype)  # (B, T, d)
         if self.shared is not None:
             y = y + self.call("shared", params, x, **kwargs)
-        return y, self._stats(params, routing, slots, kwargs.get("attention_mask"))
+        return y, self._stats(params, routing, slots, valid)
 
     def _experts(self, params: Params, buffer: Tensor) -> Tensor:
         """Every expert's SwiGLU on its slots. Args: buffer: (G, E, C, d). Returns: (G, E, C, d)."""
@@ -174,22 +189,17 @@ class MoE(Module):
         h = checkpoint_name(F.silu(gate) * up, "mlp_hidden")  # (G, E, C, I)
         return torch.einsum("geci,edi->gecd", h, params["down"])
 
-    def _stats(self, params: Params, routing: Any, slots: Any, mask: Optional[Tensor]) -> RouterStats:
-        """This layer's `RouterStats`; tokens where `mask` is 0 count for nothing but capacity."""
+    def _stats(self, params: Params, routing: Any, slots: Any, valid: Optional[Tensor]) -> RouterStats:
+        """This layer's `RouterStats`; tokens where `valid` is False count for nothing."""
         N, k = routing.indices.shape
-        load = slots.counts.sum(0)  # (E,) pairs per expert, every token, as the buffer saw them
-        if mask is None:
-            w, counts = torch.ones(N, device=routing.logits.device), load
-        else:  # the same counts, with padding tokens left out
-            w = mask.reshape(N).to(torch.float32)
-            onehot = one_hot(routing.indices, self.n_experts, torch.float32).sum(1)  # (N, E)
-            counts = (onehot * w.unsqueeze(-1)).sum(0).detach()  # (E,)
+        load = slots.counts.sum(0)  # (E,) pairs of real tokens per expert
+        w = torch.ones(N, device=routing.logits.device) if valid is None else valid.reshape(N).to(torch.float32)
         stats = {
-            "counts": counts,
+            "counts": load,
             "probs": (routing.probs * w.unsqueeze(-1)).sum(0),
             "rows": w.sum(),
             "z": (torch.logsumexp(routing.logits, dim=-1).square() * w).sum(),
-            "pairs": torch.tensor(float(N * k), device=w.device),
+            "pairs": w.sum() * k,
             "dropped": slots.dropped,
             "max_load": (load.max() / load.mean().clamp(min=1e-9)).detach(),
             "bias": torch.zeros((), device=w.device),

@@ -50,8 +50,8 @@ class Slots(NamedTuple):
         slot: (G, k*S) int64, pair `j*S + t` (token t's j-th choice) -> its slot `e*C + position`,
             or `E*C` (no slot: dropped).
         source: (G, E*C) int64, slot -> the token that fills it, or `S` (an empty slot).
-        counts: (G, E) float32, pairs routed to each expert (before dropping).
-        dropped: 0-d float32, pairs dropped in all groups.
+        counts: (G, E) float32, pairs of real tokens routed to each expert (before dropping).
+        dropped: 0-d float32, pairs of real tokens dropped in all groups.
     """
 
     slot: Tensor
@@ -60,20 +60,32 @@ class Slots(NamedTuple):
     dropped: Tensor
 
 
-def assign_slots(indices: Tensor, n_experts: int, capacity: int) -> Slots:
-    """Slots for routed pairs. Args: indices: (G, S, k) chosen experts. Returns: `Slots`."""
+def assign_slots(indices: Tensor, n_experts: int, capacity: int, valid: Optional[Tensor] = None) -> Slots:
+    """Slots for routed pairs.
+
+    Args:
+        indices: (G, S, k) chosen experts.
+        valid: (G, S) bool, False for padding: its pairs take no slot and count neither as routed nor
+            as dropped. None: every token is real.
+
+    Returns:
+        `Slots`.
+    """
     G, S, k = indices.shape
     E, C = n_experts, capacity
     order = indices.transpose(1, 2).reshape(G, k * S)  # (G, k*S): first choices of all tokens first
     onehot = one_hot(order, E, torch.int32)  # (G, k*S, E)
+    if valid is not None:
+        real = valid.to(torch.bool).repeat(1, k)  # (G, k*S): pair j*S + t belongs to token t
+        onehot = onehot * real.unsqueeze(-1).to(onehot.dtype)
     position = (onehot.cumsum(1) * onehot).sum(-1) - 1  # (G, k*S): the pair's rank among its expert's pairs
-    kept = position < C
+    kept = position < C if valid is None else real & (position < C)
     slot = torch.where(kept, order * C + position, torch.full_like(order, E * C))  # (G, k*S)
     token = torch.arange(S, device=indices.device).repeat(k).expand(G, k * S)  # (G, k*S): pair -> token
     source = torch.full((G, E * C + 1), S, dtype=torch.int64, device=indices.device)
     source = source.scatter(1, slot, token)[:, : E * C]  # (G, E*C); dropped pairs all land in the cut column
     counts = onehot.sum(1).to(torch.float32)  # (G, E)
-    dropped = (~kept).sum().to(torch.float32)
+    dropped = ((~kept) if valid is None else (real & ~kept)).sum().to(torch.float32)
     return Slots(slot, source, counts, dropped)
 
 

@@ -1,6 +1,6 @@
 """`Router`: which experts each token goes to, and with what weight (top-k routing).
 
-Public names: `Router`, `Routing`.
+Public names: `Router`, `Routing`, `bias_signal`, `expert_balance`.
 
 Two styles, as the released models route:
 
@@ -13,9 +13,10 @@ Two styles, as the released models route:
   two best biased scores); the weights are the unbiased scores of the picked experts, renormalised
   when `renormalize`, times `scaling` (`routed_scaling_factor`).
 
-The bias is a parameter (saved and sharded like one) that no loss differentiates: the optimizer
-moves it by the sign of each expert's load (`ember.optim.expert_bias_update`), from the counts the
-MoE layer hands to the loss through `bias_signal`.
+The bias is a parameter (saved and sharded like one, float32 whatever the compute dtype) that no loss
+differentiates: the MoE layer hands the loss each expert's load as its gradient (`bias_signal`), and
+`train_step` moves it by DeepSeek-V3's rule `b_e += rate * sign(mean load - load_e)`
+(`expert_balance`, which `ember.models.lm_loss` hands the step), never by the optimizer.
 
 Example:
     >>> import torch
@@ -34,12 +35,16 @@ from typing import Any, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from ...core.types import Key, Params
+from ...core.pytree import tree_map_with_path
+from ...core.step_fns import StatisticLeaves
+from ...core.types import Key, Params, PyTree
 from . import initializers as inits
 from .module import Module
 from .param import Param
 
-__all__ = ["Router", "Routing", "bias_signal"]
+__all__ = ["Router", "Routing", "bias_signal", "expert_balance"]
+
+BIAS_NAME = "expert_bias"
 
 STYLES = ("softmax", "sigmoid")
 
@@ -116,7 +121,7 @@ class Router(Module):
         spec = {"weight": Param((self.n_experts, self.d_model), init=self.weight_init, axes=(None, "embed"),
                                 dtype=self.dtype)}
         if self.expert_bias:
-            spec["expert_bias"] = Param((self.n_experts,), init=inits.zeros(), axes=(None,), dtype=torch.float32)
+            spec[BIAS_NAME] = Param((self.n_experts,), init=inits.zeros(), axes=(None,), dtype=torch.float32)
         return spec
 
     def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Routing:
@@ -152,3 +157,23 @@ class Router(Module):
 def bias_signal(bias: Tensor, counts: Tensor) -> Tensor:
     """0-d, exactly zero, whose gradient with respect to `bias` is `counts` (detached)."""
     return ((bias - bias.detach()) * counts.detach().to(bias.dtype)).sum()
+
+
+def expert_bias_mask(params: Params) -> PyTree:
+    """True at the routers' expert-bias leaves, False elsewhere."""
+    return tree_map_with_path(lambda path, _: path.split(".")[-1] == BIAS_NAME, params)
+
+
+def expert_balance(rate: float) -> StatisticLeaves:
+    """The expert biases as `train_step` moves them: `b -= rate * sign(load - mean load)` per router.
+
+    Busy experts' biases go down, idle ones' up; a load equal to the mean moves nothing, and so
+    does `rate = 0` (a bias kept as loaded, e.g. for fine-tuning).
+    """
+    if not (isinstance(rate, (int, float)) and rate >= 0):
+        raise ValueError(f"expert_bias_update_rate must be a number >= 0 (DeepSeek-V3: 0.001), got {rate!r}.")
+
+    def move(load: Tensor, bias: Tensor) -> Tensor:
+        return bias - rate * torch.sign(load - load.mean(-1, keepdim=True)).to(bias.dtype)
+
+    return StatisticLeaves(mask=expert_bias_mask, move=move)

@@ -43,12 +43,13 @@ import torch
 from torch import Tensor
 
 from ...core.partition_specs import constrain
+from ...core.step_fns import StatisticLeaves
 from ...core.types import Key, Params
 from ..layers import Module
 from ..layers import initializers as inits
 from ..layers.axes import RESIDUAL_AXES
 from ..layers.moe import MoE, RouterStats, add_router_stats, empty_router_stats, router_losses
-from ..layers.moe_router import Router
+from ..layers.moe_router import Router, expert_balance
 from ..llama3.model import Block, SwiGLU
 from ..qwen3.model import Qwen3
 from .config import Qwen3MoeConfig
@@ -107,6 +108,11 @@ class Qwen3Moe(Qwen3):
             shared = SwiGLU(c.d_model, c.n_shared_experts * c.moe_ffn_dim, gate_init=init, down_init=init)
         return MoE(router, c.moe_ffn_dim, capacity_factor=c.capacity_factor, shared=shared, expert_init=init)
 
+    def statistic_leaves(self) -> Optional[StatisticLeaves]:
+        """The routers' expert biases, which `train_step` moves by their load at `expert_bias_update_rate`
+        (never the optimizer); None without them."""
+        return expert_balance(self.config.expert_bias_update_rate) if self.config.expert_bias else None
+
     def carry(self, x: Tensor) -> Tuple[Tensor, RouterStats]:
         return x, empty_router_stats(self.config.n_experts, device=x.device)
 
@@ -118,7 +124,7 @@ class Qwen3Moe(Qwen3):
 
         The addend is `tokens * (router_aux_loss_coef * aux + router_z_loss_coef * z)`, so the mean
         loss gains the weighted losses as in transformers, plus the expert-bias signal (zero in
-        value; its gradient is each expert's load, `ember.optim.balance_experts`).
+        value; its gradient is each expert's load, which `statistic_leaves` turns into the bias's move).
         """
         c = self.config
         aux, z, metrics = router_losses(stats, c.n_experts)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ember import optim
-from ember.core import TrainState, random
+from ember.core import TrainState, pytree, random
 from ember.core.jit import jit
 from ember.core.step_fns import train_step
 from ember.core.transforms import grad
@@ -165,21 +165,35 @@ def test_scan_layers_rolls_in_the_compiled_step():
     torch.testing.assert_close(blocks.unstack(grads["blocks"]), want["blocks"], rtol=1e-4, atol=1e-5)
 
 
-def test_expert_bias_moves_toward_balance_and_nothing_else_sees_it():
-    model = build_model("qwen3_moe", "tiny", router="sigmoid", expert_bias=True, expert_bias_update_rate=0.01,
-                        router_aux_loss_coef=0.0)
-    params = model.init(random.key(0))
-    tx = optim.balance_experts(optim.chain(optim.clip_by_global_norm(1e-3), optim.adamw(1e-3)), 0.01)
-    state = TrainState.create(params=params, tx=tx, key=random.key(1))
-    tokens = random.randint(random.key(2), (4, 16), 0, 256)
-    batch = {"inputs": tokens, "targets": tokens}
-    new, metrics = train_step(lm_loss(model), tx)(state, batch)
-    bias_of = lambda tree: tree["blocks"][0]["mlp"]["router"]["expert_bias"]  # noqa: E731
-    bias, moved = bias_of(params), bias_of(new.params)
-    loads = bias_of(grad(lambda p: lm_loss(model)(p, batch, key=None)[0].mean())(params))
-    busy = loads > loads.mean()
-    assert torch.equal(moved - bias, torch.where(busy, -0.01, 0.01) * (loads != loads.mean()))
-    assert metrics["moe_max_load"] > 1
+@pytest.mark.parametrize("marked_by", ["segment_ids", "attention_mask"])
+def test_padding_changes_no_moe_statistic_and_takes_no_capacity_slot(marked_by):
+    """Left padding goes first in slot order: if it took slots, the document's drops would change with it."""
+    model = build_model("qwen3_moe", "tiny", capacity_factor=1.0, router_z_loss_coef=1e-3, router="sigmoid",
+                        expert_bias=True)
+    params = pytree.tree_map_with_path(lambda path, t: torch.randn_like(t) * 0.1 if path.endswith("expert_bias")
+                                       else t, model.init(random.key(0)))
+    pad, T = 6, 16
+    doc = random.randint(random.key(1), (1, T - pad), 0, 256)
+    real = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones(1, T - pad, dtype=torch.long)], 1)
+
+    def run(seed, marked=True):
+        inputs = torch.cat([random.randint(random.key(seed), (1, pad), 0, 256), doc], 1)
+        batch = {"inputs": inputs, "targets": torch.where(real.bool(), inputs, -100)}
+        if marked:
+            batch[marked_by] = real
+        loss, metrics = lm_loss(model)(params, batch, key=None)
+        loads = grad(lambda p: lm_loss(model)(p, batch, key=None)[0].total)(params)
+        biases = [b["mlp"]["router"]["expert_bias"] for b in loads["blocks"]]
+        return loss.total, metrics, biases
+
+    (loss_a, metrics_a, loads_a), (loss_b, metrics_b, loads_b) = run(3), run(4)
+    assert float(metrics_a["moe_dropped"]) > 0  # the capacity binds
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(metrics_a, metrics_b, rtol=1e-6, atol=1e-7)
+    for a, b in zip(loads_a, loads_b):
+        assert torch.equal(a, b) and float(a.sum()) == (T - pad) * model.config.experts_per_token
+    unmarked_a, unmarked_b = run(3, marked=False)[1], run(4, marked=False)[1]
+    assert any(not torch.equal(unmarked_a[k], unmarked_b[k]) for k in unmarked_a)  # unmarked, the padding shows
 
 
 @pytest.mark.slow
@@ -227,3 +241,18 @@ def test_greedy_decoding_with_a_kv_cache_matches_the_full_forward():
         nxt = model.apply(params, tokens)[:, -1].argmax(-1, keepdim=True)
         tokens = torch.cat([tokens, nxt], dim=1)
     assert out.tolist() == tokens.tolist()
+
+
+def test_decoding_is_dropless_whatever_the_capacity_factor():
+    """Prefill and steps through the cache give the dropless full forward's logits (a step sees one token, so
+    capacity, a training budget, could not drop there what a full forward drops)."""
+    from ember.models.generation import decode_step, init_cache, prefill
+
+    model, dropless = build_model("qwen3_moe", "tiny", capacity_factor=0.5), build_model("qwen3_moe", "tiny")
+    params, tokens = model.init(random.key(0)), random.randint(random.key(1), (1, 14), 0, 256)
+    assert float(lm_loss(model)(params, {"inputs": tokens, "targets": tokens}, key=None)[1]["moe_dropped"]) > 0
+    cache, logits = prefill(model, init_cache(model, batch=1, slots=14), params, tokens[:, :12])
+    torch.testing.assert_close(logits, dropless.apply(params, tokens[:, :12])[:, -1], rtol=1e-5, atol=1e-5)
+    for t in (12, 13):
+        cache, logits = decode_step(model, cache, params, tokens[:, t], torch.tensor(t))
+        torch.testing.assert_close(logits, dropless.apply(params, tokens[:, : t + 1])[:, -1], rtol=1e-5, atol=1e-5)

@@ -151,8 +151,8 @@ def _batches(n: int = STEPS):
 def test_five_adamw_steps_match_transformers(case):
     """ember's `train_step(lm_loss(model))` + `optim.adamw` vs transformers + `torch.optim.AdamW` from the same
     weights. Qwen3-MoE's loss adds router_aux_loss_coef (0.05 here) times the aux loss on both sides; dots1's
-    correction bias is a buffer in transformers, and `balance_experts(rate=0)` keeps it still in ember (as
-    launch/build.py does). Measured per step: losses <= 1.9e-6; params <= 2.1e-5 but for 3 elements of ~1e5 in
+    correction bias is a buffer in transformers, and `expert_bias_update_rate` 0 (from_hf's) keeps it still in
+    ember, whose train step moves it (never the optimizer). Measured per step: losses <= 1.9e-6; params <= 2.1e-5 but for 3 elements of ~1e5 in
     one case, up to 1.2e-4: Adam's g / (sqrt(v) + eps) turns the rounding of a gradient near eps into a difference
     of up to lr (a step-1 gradient of 4e-8 gives 8e-5; an embedding element whose gradient of 2.4e-6 is a
     near-cancellation drifts 4e-5 a step)."""
@@ -163,8 +163,6 @@ def test_five_adamw_steps_match_transformers(case):
     biases = {i: b["mlp"]["router"]["expert_bias"].clone() for i, b in enumerate(params["blocks"])
               if "expert_bias" in b["mlp"].get("router", {})}
     tx = optim.adamw(LR, weight_decay=WD)
-    if model_type == "dots1":
-        tx = optim.balance_experts(tx, 0.0)
     step = train_step(lm_loss(model), tx)
     state = TrainState.create(params=params, tx=tx, key=random.key(0))
     hf.train()

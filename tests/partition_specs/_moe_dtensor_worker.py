@@ -3,8 +3,9 @@
     python tests/partition_specs/_moe_dtensor_worker.py --world 4 --meshes "ep=2,fsdp=2;ep=2,tp=2" --out DIR
 
 Spawns `--world` processes (gloo over a FileStore in DIR). On every mesh and for each capacity
-(dropless, and one that drops), each rank builds the same state and batches (`setup`), shards them
-with the launcher's layout (`for_mesh`, mesh in `MESH_ORDER`), takes the gradients of the first
+(dropless with a sigmoid router and its expert bias, and one that drops), each rank builds the same
+state and batches (`setup`), shards them with the launcher's layout (`for_mesh`, mesh in
+`MESH_ORDER`), takes the gradients of the first
 batch and then runs `STEPS` train steps inside `use_sharding`. It records the losses, the
 `moe_dropped` metric, the local shard shapes, and the calls of DTensor's Shard(i) -> Shard(j)
 all-to-all (`shard_dim_alltoall`; gloo runs it as all-gather + chunk) during one step. Rank 0
@@ -34,7 +35,10 @@ def setup(capacity_factor):
     from ember.core import TrainState, random
     from ember.models import build_model, lm_loss
 
-    model = build_model("qwen3_moe", "tiny", **MOE, capacity_factor=capacity_factor)
+    # dropless with DeepSeek-V3's sigmoid router and its expert bias (moved by the summed loads, so exact on a
+    # mesh); the capacity that drops with softmax routing
+    routing = dict(router="sigmoid", expert_bias=True, expert_bias_update_rate=0.01) if capacity_factor is None else {}
+    model = build_model("qwen3_moe", "tiny", **MOE, **routing, capacity_factor=capacity_factor)
     # eps 1e-6: Adam divides by |g|, and an element whose gradient is ~0 would turn float noise of the
     # sharded sums (1e-9) into a whole learning-rate step (one element of 3072 moved by 2.6e-5 at 1e-8)
     tx = optim.chain(optim.clip_by_global_norm(1.0), optim.adamw(3e-3, eps=1e-6, weight_decay=0.1))

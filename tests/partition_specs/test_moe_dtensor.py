@@ -1,7 +1,7 @@
 """Expert parallelism on DTensor (gloo) against one device: a tiny Qwen3-MoE on `ep=2`, `ep=2,fsdp=2`, `ep=2,tp=2`.
 
-`_moe_dtensor_worker.py` runs every mesh with a dropless capacity and with one that drops about
-half the (token, expert) pairs. Gradients of the first batch, three AdamW steps' losses and the
+`_moe_dtensor_worker.py` runs every mesh with a dropless capacity (a sigmoid router whose expert bias
+the step moves by the summed loads) and with one that drops about half the (token, expert) pairs. Gradients of the first batch, three AdamW steps' losses and the
 final parameters must equal the single-device run's (float32 sums in another order: 1e-5), the
 dropped fraction must be the same, each device must hold only its experts, and the token exchange
 must be DTensor's Shard -> Shard all-to-all over `ep` (twice per MoE layer forward, twice backward).
