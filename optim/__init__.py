@@ -156,3 +156,14 @@ __all__ = [
     "trace",
     "warmup_cosine_decay_schedule",
 ]
+
+_REMOVED = ("balance_experts", "sign_of_load", "expert_bias_mask")
+"""Names of the expert-bias wrapper, removed when `train_step` took the bias over (no wrapping needed)."""
+
+
+def __getattr__(name: str):
+    if name in _REMOVED:
+        raise AttributeError(
+            f"ember.optim.{name} was removed: train_step moves the routers' expert biases by their load itself "
+            f"(at the model's expert_bias_update_rate), whatever the optimizer; pass the optimizer unwrapped.")
+    raise AttributeError(f"module 'ember.optim' has no attribute {name!r}")

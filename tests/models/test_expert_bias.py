@@ -173,3 +173,9 @@ def test_the_compiled_step_moves_the_bias_as_the_eager_step_does():
     for (name, want), got in zip(_split(eager_state.params)[0].items(), _split(compiled_state.params)[0].values()):
         assert torch.equal(got, want), name
     torch.testing.assert_close(metrics["grad_norm"], eager_metrics["grad_norm"], rtol=1e-5, atol=0)
+
+
+def test_the_removed_wrapper_names_the_fix():
+    with pytest.raises(AttributeError, match="train_step moves the routers' expert biases .* pass the optimizer unwrapped"):
+        optim.balance_experts(optim.adamw(1e-3), 1e-3)
+    assert not hasattr(optim, "no_such_name")
