@@ -88,8 +88,11 @@ def test_a_skipped_step_keeps_the_bias():
     model, batch = _model(), _batch()
     params = _params(model)
     state = TrainState.create(params=params, tx=optim.sgd(1e-3), key=random.key(1))
-    poisoned = lambda p, b, *, key: (lambda out: (out[0]._replace(total=out[0].total * float("nan")), out[1]))(  # noqa: E731
-        lm_loss(model)(p, b, key=key))
+
+    def poisoned(p, b, *, key):
+        loss, metrics = lm_loss(model)(p, b, key=key)
+        return loss._replace(total=loss.total * float("nan")), metrics
+
     poisoned.statistic_leaves = lm_loss(model).statistic_leaves
     new, metrics = train_step(poisoned)(state, batch)
     assert float(metrics["skipped"]) == 1.0
