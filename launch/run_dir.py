@@ -97,12 +97,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _create_with(path: str, text: str) -> None:
+    """Create `path` holding `text` in one step, or raise FileExistsError: the text is written to a private
+    file first and hard-linked into place, so no other process ever reads the lock empty."""
+    private = f"{path}.{os.getpid()}"
+    with open(private, "w") as f:
+        f.write(text + "\n")
+    try:
+        os.link(private, path)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: create exclusively, then write
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+    finally:
+        os.unlink(private)
+
+
 def _take_lock(out: str, say) -> str:
     path = os.path.join(out, LOCK_FILE)
     me = f"{os.getpid()} {socket.gethostname()}"
     for _ in range(2):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            _create_with(path, me)
         except FileExistsError:
             with open(path) as f:
                 pid_text, _, host = f.read().strip().partition(" ")
@@ -118,8 +136,6 @@ def _take_lock(out: str, say) -> str:
             continue
         except OSError as error:  # a read-only directory or file system
             raise _unusable(out, error) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(me + "\n")
         return path
     raise RunDirectoryError(f"could not take the lock {path}; another process is starting in {out}.")
 

@@ -1,5 +1,6 @@
 """A run directory is held by one process at a time, and a fresh run never replaces an earlier one's files."""
 
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -40,6 +41,37 @@ def test_a_stale_lock_is_taken_over_with_a_notice_and_released_after(tmp_path):
         assert (out / LOCK_FILE).read_text().split()[0] == str(os.getpid())
     assert notes == [f"note: taking over {out / LOCK_FILE}, left by process {gone.stdout.strip()}, which is no longer running"]
     assert not (out / LOCK_FILE).exists()
+
+
+def _claim_when_all_are_ready(out, barrier, held, results):
+    try:
+        barrier.wait()
+        with claim_run_directory(out, resume=False, say=lambda _: None):
+            results.put("held")
+            held.wait()
+    except RunDirectoryError as error:
+        results.put(str(error))
+
+
+def test_processes_claiming_at_the_same_instant_let_exactly_one_in(tmp_path):
+    """The lock appears with its PID already in it: a process racing the holder never reads it empty and
+    takes it over as stale."""
+    context = multiprocessing.get_context("fork")
+    out = str(tmp_path / "run")
+    for _ in range(5):
+        n = 6
+        barrier, held, results = context.Barrier(n), context.Event(), context.Queue()
+        procs = [context.Process(target=_claim_when_all_are_ready, args=(out, barrier, held, results))
+                 for _ in range(n)]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=60) for _ in range(n)]
+        held.set()
+        for p in procs:
+            p.join(timeout=60)
+        assert outcomes.count("held") == 1, outcomes
+        assert all("is in use by process" in o for o in outcomes if o != "held"), outcomes
+        assert not os.path.isdir(out) or os.listdir(out) == []  # no lock or private file left behind
 
 
 def test_an_earlier_run_is_refused_kept_on_resume_and_replaced_only_on_overwrite(tmp_path):
