@@ -20,7 +20,7 @@ import sys
 import torch
 
 from ember import optim
-from ember.core import TrainState, random, to_device
+from ember.core import TrainState, pytree, random, to_device
 from ember.core.jit import jit
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import MESH_ORDER, memory_per_device, sharding_table
@@ -30,8 +30,12 @@ from ember.launch.benchmark.setup import Variant, sync
 from ember.launch.benchmark.timing import matmul_peak, percentile
 from ember.launch.run_config import get_config as get_run_config
 from ember.models import build_model, count_params, get_config, lm_loss
+from ember.models.layers import initializers as inits
+from ember.models.layers.moe import DROPLESS
 
-DISPATCH = {"dropless": None, "capacity 1.25": 1.25, "capacity 1.0": 1.0}
+LAYER_TOKENS = 4096
+DISPATCH = {"dropless grouped": (None, "grouped"), "dropless padded": (None, "padded"),
+            "capacity 1.25": (1.25, "grouped"), "capacity 1.0": (1.0, "grouped")}
 
 
 def active_params(cfg) -> int:
@@ -49,8 +53,8 @@ def variants(run_cfg, device, dtype) -> list:
     dense = get_config("qwen3", "tiny").replace(**{f: getattr(c, f) for f in shared},
                                                 ffn_dim=c.experts_per_token * c.moe_ffn_dim)
     models = {"dense (same active)": build_model("qwen3", dense)}
-    for name, cf in DISPATCH.items():
-        models[f"moe {name}"] = build_model("qwen3_moe", c.replace(capacity_factor=cf))
+    for name, (cf, dropless) in DISPATCH.items():
+        models[f"moe {name}"] = build_model("qwen3_moe", c.replace(capacity_factor=cf, dropless=dropless))
     b, t = run_cfg.data.batch_size, run_cfg.data.seq_len
     tokens = random.randint(random.key(1234), (b, t + 1), 0, c.vocab_size).to(device)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
@@ -69,6 +73,27 @@ def variants(run_cfg, device, dtype) -> list:
 
         out.append(Variant(name, run, lambda: 0, notes=f"{count_params(model) / 1e6:.3f}M params"))
     return out
+
+
+def layer_activation_bytes(cfg, tokens: int, dropless: str, dtype=torch.bfloat16) -> int:
+    """Bytes one MoE layer of `cfg` keeps for its backward over one sequence of `tokens` tokens in `dtype`:
+    the storage of every tensor eager autograd saves that is not a parameter, counted once (an expanded
+    view counts what it views). Runs on the meta device."""
+    layer = build_model("qwen3_moe", cfg.replace(dropless=dropless)).experts(inits.normal(0.02))
+    params = pytree.tree_map(lambda p: p.to(dtype).requires_grad_(), layer.param_shapes())
+    weights = {id(p) for p in pytree.tree_leaves(params)}
+    saved = {}
+
+    def pack(t):
+        base = t if t._base is None else t._base
+        if id(base) not in weights:
+            saved[id(base)] = base
+        return t
+
+    x = torch.empty(1, tokens, cfg.d_model, device="meta", dtype=dtype, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer.apply(params, x)
+    return sum(t.untyped_storage().nbytes() for t in saved.values())
 
 
 def memory_rows(name: str, cfg, eps=(1, 2, 4), fsdp: int = 8) -> list:
@@ -114,6 +139,10 @@ def main(argv=None) -> int:
     lines += ["", "| model | mesh | experts per device | params + AdamW per device |", "|---|---|---|---|"]
     mem = memory_rows(args.config, run_cfg.model) + memory_rows("qwen3_moe/30b-a3b", get_config("qwen3_moe", "30b-a3b"))
     lines += [f"| {n} | {m} | {e} | {g:.3f} GiB |" for n, m, e, g in mem]
+    big = get_config("qwen3_moe", "30b-a3b")
+    lines += ["", f"Activations one MoE layer of Qwen3-30B-A3B keeps for its backward, one sequence of {LAYER_TOKENS} "
+              f"tokens in bfloat16 (meta device):", "", "| dropless | GiB |", "|---|---|"]
+    lines += [f"| {kind} | {layer_activation_bytes(big, LAYER_TOKENS, kind) / 2**30:.2f} |" for kind in DROPLESS]
     text = "\n".join(lines)
     print(text)
     if args.json:

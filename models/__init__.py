@@ -1,4 +1,4 @@
-"""ember.models: the layer DSL, the GPT-2, Llama-3, Qwen2, Qwen3, Qwen3-MoE, dots1, Mistral and Gemma families, and the
+"""ember.models: the layer DSL, the GPT-2, Llama-3, Qwen2, Qwen3, Qwen3-MoE, dots1, Mixtral, Mistral and Gemma families, and the
 architecture registry.
 
 Each family is a folder read top to bottom: `llama3/model.py` (attention, MLP, block, model),
@@ -6,15 +6,15 @@ Each family is a folder read top to bottom: `llama3/model.py` (attention, MLP, b
 `qwen2/`, `qwen3/`, `mistral/` and `gemma/` reuse Llama's block and say what their configs change.
 
 Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `RMSNorm`, ...), `GPT2`,
-`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Qwen3Moe`, `Qwen3MoeConfig`, `Dots1`, `Dots1Config`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
+`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Qwen3Moe`, `Qwen3MoeConfig`, `Dots1`, `Dots1Config`, `Mixtral`, `MixtralConfig`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
 `get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
 `estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; `Decoder` (KV-cache generation,
 `ember.models.generation`); bridges `from_torch`,
-`from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE, dots1, Mistral and Gemma folders; other causal LMs
+`from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE, dots1, Mixtral, Mistral and Gemma folders; other causal LMs
 through the bridge); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`.
 
-Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `qwen3_moe`, `dots1`, `mistral`,
-`gemma`) and their architectures.
+Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `qwen3_moe`, `dots1`, `mixtral`,
+`mistral`, `gemma`) and their architectures.
 
 Example:
     >>> import torch
@@ -57,6 +57,8 @@ from .llama3 import Llama3 as Llama3
 from .llama3 import Llama3Config as Llama3Config
 from .mistral import Mistral as Mistral
 from .mistral import MistralConfig as MistralConfig
+from .mixtral import Mixtral as Mixtral
+from .mixtral import MixtralConfig as MixtralConfig
 from .objectives import check_lm_data as check_lm_data
 from .objectives import lm_loss as lm_loss
 from .qwen2 import Qwen2 as Qwen2

@@ -293,8 +293,8 @@ def from_hf(
 ) -> Tuple[Any, Params]:
     """Load a local Hugging Face causal LM folder as an ember model and its params.
 
-    Folders of the native families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `mistral`, `gemma`, `qwen3_moe`, `dots1`:
-    GPT-2, Llama, Qwen2, Qwen3, Mistral, Gemma, Qwen3-MoE and dots.llm1) become native ember models. Any other causal LM that
+    Folders of the native families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `mistral`, `gemma`, `qwen3_moe`, `mixtral`,
+    `dots1`: GPT-2, Llama, Qwen2, Qwen3, Mistral, Gemma, Qwen3-MoE, Mixtral and dots.llm1) become native ember models. Any other causal LM that
     transformers loads is bridged (`hf_bridge.bridge_from_hf`, with one warning line): it trains,
     without the native families' extras.
 

@@ -2,12 +2,18 @@
 
 Public names: `MoE`, `RouterStats`, `empty_router_stats`, `router_losses`.
 
-`apply(params, x) -> (y, stats)`: the router picks k experts per token (`moe_router.py`), the
-tokens go into a static `(G, E, C, d)` buffer (`moe_dispatch.py`, one group per sequence), every
-expert runs its SwiGLU on its slots as one batched matmul over stacked weights, and the outputs
-come back weighted. Under expert parallelism the buffer is constrained from split-by-group
-(`"batch"`, whose mesh axes include `ep`) to split-by-expert (`"expert"` on `ep`): DTensor and
-GSPMD both lower that resharding to an all-to-all, and back.
+`apply(params, x) -> (y, stats)`: the router picks k experts per token (`moe_router.py`), and the
+experts run one of two ways, both with static shapes:
+
+- grouped (dropless, one device): the (token, expert) pairs as rows sorted by expert and three
+  grouped matmuls over each expert's rows (`moe_grouped.py`): no slot is computed for nothing.
+- padded: the tokens go into a `(G, E, C, d)` buffer (`moe_dispatch.py`, one group per sequence,
+  `C` slots per expert: `S` when dropless, fewer with a `capacity_factor`), every expert runs its
+  SwiGLU on its slots as one batched matmul over stacked weights, and the outputs come back weighted.
+  Under expert parallelism the buffer is constrained from split-by-group (`"batch"`, whose mesh
+  axes include `ep`) to split-by-expert (`"expert"` on `ep`): DTensor and GSPMD both lower that
+  resharding to an all-to-all, and back. Dropless runs padded on a mesh, on torch_xla and where the
+  grouped kernel cannot run (`ember.core.compat.grouped_mm`).
 
 Parameters (`E` experts, width `d`, expert width `I`; the routed experts' weights are stacked):
 
@@ -37,12 +43,14 @@ from ...core.partition_specs import constrain, current_sharding
 from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from . import initializers as inits
+from ...core.compat.grouped_mm import grouped_mm_runs
 from .moe_dispatch import assign_slots, combine, dispatch, expert_capacity
+from .moe_grouped import grouped_experts, sort_pairs
 from .moe_router import Router, bias_signal
 from .module import Module
 from .param import Param
 
-__all__ = ["MoE", "RouterStats", "check_tensor_parallel", "empty_router_stats", "router_losses"]
+__all__ = ["DROPLESS", "MoE", "RouterStats", "check_tensor_parallel", "empty_router_stats", "router_losses"]
 
 RouterStats = Dict[str, Tensor]
 """Sums over tokens and MoE layers, all float32: `counts` (E,) routed pairs per expert, `probs` (E,)
@@ -50,6 +58,7 @@ router probabilities per expert, `rows` tokens routed, `z` squared log-sum-exp o
 `pairs` (token, expert) pairs, `dropped` pairs that found their expert full, `max_load` the busiest
 expert's load over the mean (the maximum over layers), `bias` the zero-valued bias signal."""
 
+DROPLESS = ("grouped", "padded")
 _BUFFER_BY_GROUP = ("batch", None, None, "embed")  # (G, E, C, d) as the tokens arrive: split by sequence
 _BUFFER_BY_EXPERT = ("batch_no_expert", "expert", None, "embed")  # each device holds its experts' slots
 
@@ -115,6 +124,8 @@ class MoE(Module):
         capacity_factor: slots per expert and sequence as a multiple of the even share `S * k / E`
             (pairs beyond it are dropped); None: dropless (`S` slots). Decoding through a KV cache is
             dropless whatever it is.
+        dropless: how dropless routing runs: "grouped" (sorted pairs and grouped matmuls where the
+            kernel runs, else padded) or "padded" (a slot per token for every expert).
         shared: a feed-forward layer every token also goes through (DeepSeek-V3's shared experts),
             added unweighted; None for none.
         expert_init: initializer of the expert weights.
@@ -124,6 +135,7 @@ class MoE(Module):
     router: Router
     hidden: int
     capacity_factor: Optional[float] = None
+    dropless: str = "grouped"
     shared: Optional[Module] = None
     expert_init: inits.Initializer = inits.normal(0.02)
     dtype: torch.dtype = torch.float32
@@ -139,6 +151,8 @@ class MoE(Module):
         if cf is not None and not (isinstance(cf, (int, float)) and cf > 0):
             raise ValueError(f"MoE.capacity_factor must be > 0 (1.25 keeps 25% headroom over an even share), or None "
                              f"for dropless routing; got {cf!r}.")
+        if self.dropless not in DROPLESS:
+            raise ValueError(f"MoE.dropless must be one of {DROPLESS}, got {self.dropless!r}.")
 
     def declare(self):
         E, I, d = self.n_experts, self.hidden, self.router.d_model
@@ -169,18 +183,30 @@ class MoE(Module):
         routing = self.call("router", params, x.reshape(B * T, d), **kwargs)
         # Decoding through a KV cache (prefill and steps) is dropless: a step sees one token, so capacity
         # could not drop what a full forward drops, and the two would disagree.
-        decoding = kwargs.get("kv_cache") is not None
-        C = expert_capacity(T, k, E, None if decoding else self.capacity_factor)
+        capacity_factor = None if kwargs.get("kv_cache") is not None else self.capacity_factor
         valid = _real_tokens(kwargs)
-        slots = assign_slots(routing.indices.view(B, T, k), E, C, valid)
-        buffer = constrain(dispatch(x, slots, E, C), _BUFFER_BY_GROUP)  # (B, E, C, d)
-        buffer = constrain(buffer, _BUFFER_BY_EXPERT)  # the all-to-all under expert parallelism
-        out = constrain(self._experts(params, buffer), _BUFFER_BY_EXPERT)  # (B, E, C, d)
-        out = constrain(out, _BUFFER_BY_GROUP)  # and back
-        y = combine(out, slots, routing.weights.view(B, T, k)).to(x.dtype)  # (B, T, d)
+        if capacity_factor is None and self._grouped_runs(x, sharding):
+            align = 16 // x.element_size() if x.device.type == "cuda" else 1
+            pairs = sort_pairs(routing.indices, E, None if valid is None else valid.reshape(B * T), align)
+            y = grouped_experts(params, x.reshape(B * T, d), pairs, routing.weights).view(B, T, d).to(x.dtype)
+            load, dropped = pairs.counts, torch.zeros((), device=x.device)
+        else:
+            C = expert_capacity(T, k, E, capacity_factor)
+            slots = assign_slots(routing.indices.view(B, T, k), E, C, valid)
+            buffer = constrain(dispatch(x, slots, E, C), _BUFFER_BY_GROUP)  # (B, E, C, d)
+            buffer = constrain(buffer, _BUFFER_BY_EXPERT)  # the all-to-all under expert parallelism
+            out = constrain(self._experts(params, buffer), _BUFFER_BY_EXPERT)  # (B, E, C, d)
+            out = constrain(out, _BUFFER_BY_GROUP)  # and back
+            y = combine(out, slots, routing.weights.view(B, T, k)).to(x.dtype)  # (B, T, d)
+            load, dropped = slots.counts.sum(0), slots.dropped
         if self.shared is not None:
             y = y + self.call("shared", params, x, **kwargs)
-        return y, self._stats(params, routing, slots, valid)
+        return y, self._stats(params, routing, load, dropped, valid)
+
+    def _grouped_runs(self, x: Tensor, sharding: Any) -> bool:
+        """Whether dropless routing runs grouped here: asked for, on one device, and the kernel runs."""
+        return (self.dropless == "grouped" and sharding is None
+                and grouped_mm_runs(x.dtype, x.device.type, self.router.d_model, self.hidden))
 
     def _experts(self, params: Params, buffer: Tensor) -> Tensor:
         """Every expert's SwiGLU on its slots. Args: buffer: (G, E, C, d). Returns: (G, E, C, d)."""
@@ -189,10 +215,11 @@ class MoE(Module):
         h = checkpoint_name(F.silu(gate) * up, "mlp_hidden")  # (G, E, C, I)
         return torch.einsum("geci,edi->gecd", h, params["down"])
 
-    def _stats(self, params: Params, routing: Any, slots: Any, valid: Optional[Tensor]) -> RouterStats:
-        """This layer's `RouterStats`; tokens where `valid` is False count for nothing."""
+    def _stats(self, params: Params, routing: Any, load: Tensor, dropped: Tensor,
+               valid: Optional[Tensor]) -> RouterStats:
+        """This layer's `RouterStats` from `load` (E,), the pairs of real tokens per expert, and the pairs
+        `dropped`; tokens where `valid` is False count for nothing."""
         N, k = routing.indices.shape
-        load = slots.counts.sum(0)  # (E,) pairs of real tokens per expert
         w = torch.ones(N, device=routing.logits.device) if valid is None else valid.reshape(N).to(torch.float32)
         stats = {
             "counts": load,
@@ -200,7 +227,7 @@ class MoE(Module):
             "rows": w.sum(),
             "z": (torch.logsumexp(routing.logits, dim=-1).square() * w).sum(),
             "pairs": w.sum() * k,
-            "dropped": slots.dropped,
+            "dropped": dropped,
             "max_load": (load.max() / load.mean().clamp(min=1e-9)).detach(),
             "bias": torch.zeros((), device=w.device),
         }

@@ -73,6 +73,9 @@ class Qwen3MoeConfig(Qwen3Config):
     capacity_factor: Optional[float] = None
     """Slots per expert as a multiple of its even share of a sequence's (token, expert) pairs; pairs
     beyond them are dropped. None: dropless (as many slots as tokens)."""
+    dropless: str = "grouped"
+    """How dropless routing runs: "grouped" (each expert computes only its own tokens: sorted pairs and
+    grouped matmuls, where the kernel runs) or "padded" (every expert a slot per token)."""
     router_aux_loss_coef: float = 0.001
     """Weight of transformers' load-balancing loss, pooled over the MoE layers (0: off)."""
     router_z_loss_coef: float = 0.0
@@ -87,6 +90,7 @@ class Qwen3MoeConfig(Qwen3Config):
             if not getattr(self, name) >= 0:  # NaN fails too
                 raise ValueError(f"{type(self).__name__}.{name} must be a number >= 0, got {getattr(self, name)!r}.")
         checks.check_choice(self, "router", ("softmax", "sigmoid"))
+        checks.check_choice(self, "dropless", ("grouped", "padded"))
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"{type(self).__name__}.experts_per_token={self.experts_per_token} is above n_experts="
                              f"{self.n_experts}: a token picks distinct experts; lower experts_per_token.")

@@ -26,7 +26,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -60,6 +60,11 @@ _BLOCK = (  # (ember path inside a block, HF name inside model.layers.{i}): ever
     ("ln_2.weight", "post_attention_layernorm.weight"),
 )
 _SWIGLU = (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj"))
+
+
+def _block_names(c: Qwen3MoeConfig) -> List[Tuple[str, str]]:
+    """`_BLOCK` without the q/k norms when the config has none (Mixtral)."""
+    return [(e, n) for e, n in _BLOCK if c.qk_norm or "_norm." not in e]
 
 
 def hf_expert_count(hf: Mapping[str, Any], *keys: str) -> Optional[int]:
@@ -167,7 +172,7 @@ def moe_params_from_hf(state: Mapping[str, Tensor], c: Qwen3MoeConfig, *,
     params: Dict[str, Any] = {"wte": {"weight": get("model.embed_tokens.weight", shapes["wte.weight"])}, "blocks": []}
     for i in range(c.n_layers):
         h, block = f"model.layers.{i}.", {}
-        for e, n in _BLOCK:
+        for e, n in _block_names(c):
             _put(block, e, get(h + n, shapes[f"blocks.{i}.{e}"]))
         if c.is_moe_layer(i):
             router = {"weight": get(h + "mlp.gate.weight", shapes[f"blocks.{i}.mlp.router.weight"])}
@@ -197,7 +202,7 @@ def moe_params_to_hf(params: Params, c: Qwen3MoeConfig) -> Dict[str, Tensor]:
     out = {"model.embed_tokens.weight": params["wte"]["weight"]}
     for i, block in enumerate(params["blocks"]):
         h, mlp = f"model.layers.{i}.", block["mlp"]
-        out.update({h + n: _node(block, e) for e, n in _BLOCK})
+        out.update({h + n: _node(block, e) for e, n in _block_names(c)})
         if not c.is_moe_layer(i):
             out.update({f"{h}mlp.{n}.weight": mlp[e]["weight"] for e, n in _SWIGLU})
             continue

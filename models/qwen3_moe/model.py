@@ -106,7 +106,8 @@ class Qwen3Moe(Qwen3):
         shared = None
         if c.n_shared_experts:
             shared = SwiGLU(c.d_model, c.n_shared_experts * c.moe_ffn_dim, gate_init=init, down_init=init)
-        return MoE(router, c.moe_ffn_dim, capacity_factor=c.capacity_factor, shared=shared, expert_init=init)
+        return MoE(router, c.moe_ffn_dim, capacity_factor=c.capacity_factor, dropless=c.dropless, shared=shared,
+                   expert_init=init)
 
     def statistic_leaves(self) -> Optional[StatisticLeaves]:
         """The routers' expert biases, which `train_step` moves by their load at `expert_bias_update_rate`

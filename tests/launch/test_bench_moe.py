@@ -22,3 +22,14 @@ def test_memory_per_device_falls_with_the_expert_parallel_degree():
     assert meshes == [("fsdp=8", 128), ("fsdp=8,ep=2", 64), ("fsdp=8,ep=4", 32)]
     gib = [g for *_, g in rows]
     assert gib[0] > gib[1] > gib[2] and round(gib[0], 1) == 42.7  # 30.5B x (param + 2 moments) x 4 B / 8
+
+
+def test_grouped_activations_grow_with_the_routed_pairs_and_padded_ones_with_the_experts():
+    """One layer of Qwen3-30B-A3B at 512 tokens: quartering the experts leaves the grouped layer's saved
+    activations nearly as they were (its rows are the k routed pairs) and quarters most of the padded one's."""
+    full = get_config("qwen3_moe", "30b-a3b")
+    fewer = full.replace(n_experts=32)
+    grouped = [bench_moe.layer_activation_bytes(c, 512, "grouped") for c in (full, fewer)]
+    padded = [bench_moe.layer_activation_bytes(c, 512, "padded") for c in (full, fewer)]
+    assert grouped[1] <= grouped[0] < 1.05 * grouped[1], grouped
+    assert padded[0] > 3 * padded[1] and padded[1] > 3 * grouped[1], padded

@@ -79,7 +79,7 @@ def test_an_out_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path, capsys
 
 
 def test_a_read_only_out_is_one_line_and_nothing_changes(tmp_path, capsys, monkeypatch):
-    real_open, real_makedirs = os.open, os.makedirs
+    real_open, real_link, real_makedirs = os.open, os.link, os.makedirs
 
     def read_only(path, *args, **kw):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
@@ -90,6 +90,8 @@ def test_a_read_only_out_is_one_line_and_nothing_changes(tmp_path, capsys, monke
     before = _snapshot(out)
     monkeypatch.setattr(os, "open", lambda path, *a, **kw: (read_only if str(path).endswith(LOCK_FILE) else real_open)(
         path, *a, **kw))
+    monkeypatch.setattr(os, "link", lambda src, dst, *a, **kw: (read_only if str(dst).endswith(LOCK_FILE) else real_link)(
+        src, dst, *a, **kw))
     assert run_main(lambda: train.main(["--steps", "2", "--out", str(out), *TINY])) == 2
     assert _one_error_line(capsys).startswith(f"error: --out {out} cannot be written (Read-only file system); pass "
                                               f"--out a directory you can write to (e.g. runs/NAME), or make it writable.")

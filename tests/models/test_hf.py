@@ -260,7 +260,7 @@ ERROR_CASES = [  # (id, edit(cfg, state) -> (cfg, state), exception, match)
     ("unknown-architecture", lambda c, s: ({**c, "model_type": "madeup", "architectures": ["MadeUpForCausalLM"]}, s),
      ValueError, r"'madeup' has no native ember family \(dots1 \(Dots1ForCausalLM\), gemma \(GemmaForCausalLM\), "
                  r"gpt2 \(GPT2LMHeadModel\), llama \(LlamaForCausalLM\), mistral \(MistralForCausalLM\), "
-                 r"qwen2 \(Qwen2ForCausalLM\), qwen3 \(Qwen3ForCausalLM\) and qwen3_moe \(Qwen3MoeForCausalLM\) do\), "
+                 r"mixtral \(MixtralForCausalLM\), qwen2 \(Qwen2ForCausalLM\), qwen3 \(Qwen3ForCausalLM\) and qwen3_moe \(Qwen3MoeForCausalLM\) do\), "
                  r"and transformers could not load .* model type `madeup`"),
     ("other-head", lambda c, s: ({**c, "architectures": ["GPT2ForSequenceClassification"]}, s),
      ValueError, r"GPT2ForSequenceClassification.*not supported"),
@@ -304,7 +304,7 @@ def test_missing_files_and_bad_model(tmp_path):
     _rewrite(tmp_path, config=config_to_hf(GPT2Config(n_layers=1, d_model=32, n_heads=4, vocab_size=50)))
     with pytest.raises(ValueError, match=r"no model\.safetensors or model\.safetensors\.index\.json"):
         from_hf(tmp_path)
-    with pytest.raises(TypeError, match=r"to_hf exports ember Dots1, Gemma, GPT2, Llama3, Mistral, Qwen2, Qwen3 and Qwen3Moe models"):
+    with pytest.raises(TypeError, match=r"to_hf exports ember Dots1, Gemma, GPT2, Llama3, Mistral, Mixtral, Qwen2, Qwen3 and Qwen3Moe models"):
         to_hf(object(), {}, tmp_path)
     model = GPT2(GPT2Config(n_layers=1, d_model=32, n_heads=4, vocab_size=50, max_seq_len=8))
     params = model.init(random.key(0))

@@ -1,8 +1,8 @@
-"""Qwen3-MoE and dots1 folders in and out of ember, with transformers as the oracle.
+"""Qwen3-MoE, dots1 and Mixtral folders in and out of ember, with transformers as the oracle.
 
 Tiny random models (3 layers, d=48, 6 or 5 experts) saved locally in fp32, with transformers' eager
 attention and eager (per-expert loop) experts. Each case is checked on: logits (max abs diff < 1e-4)
-and, for Qwen3-MoE, the pooled load-balancing loss (< 1e-5); the exported folder (tensor for tensor
+and, for Qwen3-MoE and Mixtral, the pooled load-balancing loss (< 1e-5); the exported folder (tensor for tensor
 the folder transformers saved, reloaded with identical logits); greedy generation (token for
 token); and 5 AdamW steps from the same weights on the same batches (losses and params < 1e-4).
 The cases cover top-1 and top-k > 1, renormalised or not, an expert count that is not a power of
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ember import optim
 from ember.core import TrainState, pytree, random
 from ember.core.step_fns import train_step
-from ember.models import Dots1, Qwen3Moe, lm_loss
+from ember.models import Dots1, Mixtral, Qwen3Moe, lm_loss
 from ember.models.generation import Decoder
 from ember.models.hf import from_hf, params_from_hf, to_hf
 from ember.models.layers.moe import router_losses
@@ -48,7 +48,11 @@ CASES = [  # (id, HF model_type, HF config entries, every layer MoE); 3 layers e
     ("dots1-e6-top3-shared2-dense2-tied", "dots1",
      dict(n_routed_experts=6, num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=2, norm_topk_prob=True,
           routed_scaling_factor=1.5, tie_word_embeddings=True), False),
+    ("mixtral-e6-top2-window16", "mixtral", dict(num_local_experts=6, num_experts_per_tok=2, sliding_window=16), True),
+    ("mixtral-e5-top1-tied", "mixtral", dict(num_local_experts=5, num_experts_per_tok=1, tie_word_embeddings=True),
+     True),
 ]
+_ROUTED = ("qwen3_moe", "mixtral")  # the families whose transformers models return the auxiliary loss
 
 
 def _hf_model(model_type: str, entries):
@@ -61,6 +65,10 @@ def _hf_model(model_type: str, entries):
     if model_type == "qwen3_moe":
         cfg = transformers.Qwen3MoeConfig(**common, router_aux_loss_coef=0.05, **entries)
         hf = transformers.Qwen3MoeForCausalLM(cfg)
+    elif model_type == "mixtral":  # intermediate_size is the experts' width; every layer is a mixture
+        # without q/k norms, weights of std 0.1 make greedy decoding repeat one token; 0.3 does not
+        common = {**common, "intermediate_size": common.pop("moe_intermediate_size"), "initializer_range": 0.3}
+        hf = transformers.MixtralForCausalLM(transformers.MixtralConfig(**common, router_aux_loss_coef=0.05, **entries))
     else:
         hf = transformers.Dots1ForCausalLM(transformers.Dots1Config(**common, **entries))
     with torch.no_grad():
@@ -89,14 +97,14 @@ def test_logits_and_aux_loss_match_transformers(case):
     """Measured: logits <= 2.4e-6; aux loss differences 0.0."""
     model_type, entries, _, hf, path = case
     model, params = from_hf(path)
-    assert type(model) is {"qwen3_moe": Qwen3Moe, "dots1": Dots1}[model_type]
+    assert type(model) is {"qwen3_moe": Qwen3Moe, "dots1": Dots1, "mixtral": Mixtral}[model_type]
     ids = _ids(40)
     with torch.no_grad():
         out = hf(input_ids=ids, output_router_logits=True, use_cache=False)
         assert _max_diff(model.apply(params, ids), out.logits) < TOL
         _, stats = model.features_and_extras(params, ids)
     aux, _, _ = router_losses(stats, model.config.n_experts)
-    if model_type == "qwen3_moe":
+    if model_type in _ROUTED:
         assert abs(aux.item() - out.aux_loss.item()) < AUX_TOL
     else:  # transformers' dots1 has no auxiliary loss; the bias must reach the router
         assert out.aux_loss is None and model.config.router_aux_loss_coef == 0.0
@@ -150,7 +158,7 @@ def _batches(n: int = STEPS):
 
 def test_five_adamw_steps_match_transformers(case):
     """ember's `train_step(lm_loss(model))` + `optim.adamw` vs transformers + `torch.optim.AdamW` from the same
-    weights. Qwen3-MoE's loss adds router_aux_loss_coef (0.05 here) times the aux loss on both sides; dots1's
+    weights. Qwen3-MoE's and Mixtral's losses add router_aux_loss_coef (0.05 here) times the aux loss on both sides; dots1's
     correction bias is a buffer in transformers, and `expert_bias_update_rate` 0 (from_hf's) keeps it still in
     ember, whose train step moves it (never the optimizer). Measured per step: losses <= 1.9e-6; params <= 2.1e-5 but for 3 elements of ~1e5 in
     one case, up to 1.2e-4: Adam's g / (sqrt(v) + eps) turns the rounding of a gradient near eps into a difference
@@ -167,7 +175,7 @@ def test_five_adamw_steps_match_transformers(case):
     state = TrainState.create(params=params, tx=tx, key=random.key(0))
     hf.train()
     opt = torch.optim.AdamW(hf.parameters(), lr=LR, weight_decay=WD)
-    routed = model_type == "qwen3_moe"
+    routed = model_type in _ROUTED
     loss_diffs, param_diffs, outliers = [], [], []
     for batch in _batches():
         state, metrics = step(state, batch)

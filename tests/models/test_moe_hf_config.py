@@ -1,4 +1,4 @@
-"""Qwen3-MoE and dots1 config.json in ember: the keys read (released configs give the named architectures,
+"""Qwen3-MoE, dots1 and Mixtral config.json in ember: the keys read (released configs give the named architectures,
 missing keys read as transformers' defaults), the settings refused, exports of what only ember's configs
 say (first dense layers, no bias, no shared experts), and `--init_from` with such a folder."""
 
@@ -38,10 +38,23 @@ DOTS_LLM1 = {  # rednote-hilab/dots.llm1.inst config.json, its math entries (n_g
     "tie_word_embeddings": False, "topk_group": None, "vocab_size": 152064,
 }
 
+MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json, its math entries
+    "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "num_local_experts": 8, "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32000,
+}
+MIXTRAL_8X22B = {**MIXTRAL_8X7B, "hidden_size": 6144, "intermediate_size": 16384, "max_position_embeddings": 65536,
+                 "num_attention_heads": 48, "num_hidden_layers": 56, "router_aux_loss_coef": 0.001,
+                 "vocab_size": 32768}  # mistralai/Mixtral-8x22B-v0.1
+
 
 def test_released_configs_are_the_named_architectures():
     assert config_from_hf(QWEN3_30B_A3B) == get_config("qwen3_moe", "30b-a3b")
     assert config_from_hf(DOTS_LLM1) == get_config("dots1", "142b-a14b")
+    assert config_from_hf(MIXTRAL_8X7B) == get_config("mixtral", "8x7b")
+    assert config_from_hf(MIXTRAL_8X22B) == get_config("mixtral", "8x22b")
     assert config_from_hf({**QWEN3_30B_A3B, "num_experts": None, "num_local_experts": 128}).n_experts == 128  # 5.x
 
 
@@ -90,7 +103,21 @@ REFUSED = [  # (id, model_type, config.json entries transformers honours and emb
     ("no-shared-count-dots1", "dots1", {"n_routed_experts": 8, "num_experts_per_tok": 2}, r"no n_shared_experts"),
     ("no-expert-count-dots1", "dots1", {"num_experts_per_tok": 2, "n_shared_experts": 1}, r"no n_routed_experts"),
     ("groups-dots1", "dots1", {**_DOTS1_REQUIRED, "n_group": 3}, r"n_expert_groups=3 must divide n_experts=8"),
+    ("hidden_act-mixtral", "mixtral", {"hidden_act": "gelu"}, r"hidden_act='gelu'.*Mixtral \(SwiGLU experts\)"),
+    ("router_jitter_noise-mixtral", "mixtral", {"router_jitter_noise": 0.1},
+     r"router_jitter_noise=0\.1.*Mixtral \(a deterministic router, no jitter noise\) needs router_jitter_noise=0\.0"),
 ]
+
+
+def test_mixtral_keys_config_json_leaves_out_read_as_transformers_defaults():
+    ours, hf = config_from_hf({"model_type": "mixtral"}), transformers.MixtralConfig()
+    theirs = dict(vocab_size=hf.vocab_size, d_model=hf.hidden_size, moe_ffn_dim=hf.intermediate_size,
+                  n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads, n_kv_heads=hf.num_key_value_heads,
+                  max_seq_len=hf.max_position_embeddings, norm_eps=hf.rms_norm_eps,
+                  rope_theta=hf.rope_parameters["rope_theta"], tie_embeddings=hf.tie_word_embeddings,
+                  n_experts=hf.num_local_experts, experts_per_token=hf.num_experts_per_tok,
+                  router_aux_loss_coef=hf.router_aux_loss_coef, sliding_window=hf.sliding_window)
+    assert {k: getattr(ours, k) for k in theirs} == theirs
 
 
 @pytest.mark.parametrize("model_type,entries,match", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
