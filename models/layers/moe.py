@@ -5,15 +5,16 @@ Public names: `MoE`, `RouterStats`, `empty_router_stats`, `router_losses`.
 `apply(params, x) -> (y, stats)`: the router picks k experts per token (`moe_router.py`), and the
 experts run one of two ways, both with static shapes:
 
-- grouped (dropless, one device): the (token, expert) pairs as rows sorted by expert and three
-  grouped matmuls over each expert's rows (`moe_grouped.py`): no slot is computed for nothing.
+- grouped (dropless; one device, or DTensor data, FSDP and tensor parallelism): the (token, expert)
+  pairs as rows sorted by expert and three grouped matmuls over each expert's rows (`moe_grouped.py`):
+  no slot is computed for nothing.
 - padded: the tokens go into a `(G, E, C, d)` buffer (`moe_dispatch.py`, one group per sequence,
   `C` slots per expert: `S` when dropless, fewer with a `capacity_factor`), every expert runs its
   SwiGLU on its slots as one batched matmul over stacked weights, and the outputs come back weighted.
   Under expert parallelism the buffer is constrained from split-by-group (`"batch"`, whose mesh
   axes include `ep`) to split-by-expert (`"expert"` on `ep`): DTensor and GSPMD both lower that
-  resharding to an all-to-all, and back. Dropless runs padded on a mesh, on torch_xla and where the
-  grouped kernel cannot run (`ember.core.compat.grouped_mm`).
+  resharding to an all-to-all, and back. Dropless runs padded under `ep`, on torch_xla and where
+  the grouped kernel cannot run (`ember.core.compat.grouped_mm`).
 
 Parameters (`E` experts, width `d`, expert width `I`; the routed experts' weights are stacked):
 
@@ -45,7 +46,7 @@ from ...core.types import Key, Params
 from . import initializers as inits
 from ...core.compat.grouped_mm import grouped_mm_runs
 from .moe_dispatch import assign_slots, combine, dispatch, expert_capacity
-from .moe_grouped import grouped_experts, sort_pairs
+from .moe_grouped import grouped_experts, grouped_experts_on_shards, sort_pairs
 from .moe_router import Router, bias_signal
 from .module import Module
 from .param import Param
@@ -185,11 +186,10 @@ class MoE(Module):
         # could not drop what a full forward drops, and the two would disagree.
         capacity_factor = None if kwargs.get("kv_cache") is not None else self.capacity_factor
         valid = _real_tokens(kwargs)
-        if capacity_factor is None and self._grouped_runs(x, sharding):
-            align = 16 // x.element_size() if x.device.type == "cuda" else 1
-            pairs = sort_pairs(routing.indices, E, None if valid is None else valid.reshape(B * T), align)
-            y = grouped_experts(params, x.reshape(B * T, d), pairs, routing.weights).view(B, T, d).to(x.dtype)
-            load, dropped = pairs.counts, torch.zeros((), device=x.device)
+        grouped = self._grouped(params, x, routing, valid, sharding) if capacity_factor is None else None
+        if grouped is not None:
+            y, load = grouped
+            dropped = torch.zeros((), device=x.device)
         else:
             C = expert_capacity(T, k, E, capacity_factor)
             slots = assign_slots(routing.indices.view(B, T, k), E, C, valid)
@@ -203,10 +203,28 @@ class MoE(Module):
             y = y + self.call("shared", params, x, **kwargs)
         return y, self._stats(params, routing, load, dropped, valid)
 
-    def _grouped_runs(self, x: Tensor, sharding: Any) -> bool:
-        """Whether dropless routing runs grouped here: asked for, on one device, and the kernel runs."""
-        return (self.dropless == "grouped" and sharding is None
-                and grouped_mm_runs(x.dtype, x.device.type, self.router.d_model, self.hidden))
+    def _grouped(self, params: Params, x: Tensor, routing: Any, valid: Optional[Tensor],
+                 sharding: Any) -> Optional[Tuple[Tensor, Tensor]]:
+        """`(y (B, T, d), load (E,))` of dropless routing as sorted pairs and grouped matmuls; None where
+        it does not run: not asked for, the kernel cannot, torch_xla, or a mesh with `ep` (the padded
+        buffer is the exchange) or a layout other than data, fully sharded and tensor parallelism."""
+        B, T, d = x.shape
+        if self.dropless != "grouped" or not grouped_mm_runs(x.dtype, x.device.type, d, self.hidden):
+            return None
+        align = 16 // x.element_size() if x.device.type == "cuda" else 1
+        tokens, flat_valid = x.reshape(B * T, d), None if valid is None else valid.reshape(B * T)
+        if sharding is None:
+            pairs = sort_pairs(routing.indices, self.n_experts, flat_valid, align)
+            y, load = grouped_experts(params, tokens, pairs, routing.weights), pairs.counts
+        elif sharding.mesh.backend == "dtensor" and sharding.mesh.sizes().get("ep", 1) == 1:
+            done = grouped_experts_on_shards(params, tokens, routing.indices, routing.weights, flat_valid,
+                                             self.n_experts, align)
+            if done is None:
+                return None
+            y, load = done
+        else:
+            return None
+        return y.view(B, T, d).to(x.dtype), load
 
     def _experts(self, params: Params, buffer: Tensor) -> Tensor:
         """Every expert's SwiGLU on its slots. Args: buffer: (G, E, C, d). Returns: (G, E, C, d)."""

@@ -1,6 +1,6 @@
 """Dropless experts as sorted pairs and a grouped GEMM: tokens -> rows sorted by expert -> tokens.
 
-Public names: `SortedPairs`, `sort_pairs`, `grouped_experts`.
+Public names: `SortedPairs`, `sort_pairs`, `grouped_experts`, `grouped_experts_on_shards`.
 
 Every (token, choice) pair becomes one row; a stable sort orders the rows by expert, and each expert's
 rows are padded to `align` rows (the kernel's alignment: 1 on the CPU). The experts then run as three
@@ -8,6 +8,11 @@ grouped matmuls over their own rows only, where the padded dispatch (`moe_dispat
 expert a slot per token. Shapes depend on the config only (`N * k + E * (align - 1)` rows), so one
 compiled graph serves every routing and nothing is read back to the host. Padding tokens sort past the
 last expert: they take no row of compute and count for no expert.
+
+On a DTensor mesh without `ep` (`grouped_experts_on_shards`) each process sorts and computes the
+tokens it holds: with the expert weights whole (data parallelism, FSDP after its gather) its output
+is its tokens' shard, and with them split by `"mlp"` over `tp` (tokens whole there) it is a partial
+sum that the next layer reduces, as a tensor-parallel SwiGLU's is.
 
 Example:
     >>> import torch
@@ -18,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +33,7 @@ from ...core.compat.grouped_mm import grouped_mm
 from ...core.remat_policies import checkpoint_name
 from ...core.types import Params
 
-__all__ = ["SortedPairs", "grouped_experts", "sort_pairs"]
+__all__ = ["SortedPairs", "grouped_experts", "grouped_experts_on_shards", "sort_pairs"]
 
 
 class SortedPairs(NamedTuple):
@@ -97,3 +102,50 @@ def grouped_experts(params: Params, x: Tensor, pairs: SortedPairs, weights: Tens
     out = grouped_mm(h, params["down"].transpose(-2, -1), pairs.ends)  # (R, d); rows past ends[-1] undefined
     per_pair = torch.cat([out, zero_row.to(out.dtype)])[pairs.row]  # (N, k, d); padding reads the zero row
     return (per_pair * weights.unsqueeze(-1).to(per_pair.dtype)).sum(1)
+
+
+def grouped_experts_on_shards(params: Params, x: Tensor, indices: Tensor, weights: Tensor, valid: Optional[Tensor],
+                              n_experts: int, align: int) -> Optional[Tuple[Tensor, Tensor]]:
+    """`grouped_experts` of DTensors, each process on the tokens it holds; None where the layout does not
+    allow it (a mesh dimension splitting the tokens other than by batch, the experts, or the weights
+    other than by `"mlp"` with the tokens whole).
+
+    Args:
+        params: `gate`, `up`, `down` as the compute rules lay them out.
+        x: (N, d) tokens; `indices`, `weights`: (N, k); `valid`: (N,) or None; laid out as `x`.
+
+    Returns:
+        `(y (N, d), counts (E,))`: the output and the routed pairs of real tokens per expert.
+    """
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    experts = [params["gate"], params["up"], params["down"]]
+    tensors = [x, indices, weights, *experts] + ([] if valid is None else [valid])
+    if not all(isinstance(t, DTensor) for t in tensors):
+        return None
+    mesh, mlp_dims = x.device_mesh, (1, 1, 2)  # where "mlp" is in gate, up (E, I, d) and down (E, d, I)
+    out, grad_x, grad_w, counts = [], [], [], []
+    for dim, here in enumerate(x.placements):
+        routed = [t.placements[dim] for t in tensors[1:3] + tensors[6:]]
+        held = [w.placements[dim] for w in experts]
+        if here not in (Replicate(), Shard(0)) or any(p != here for p in routed):
+            return None
+        if all(p == Replicate() for p in held):  # whole weights: the tokens' split carries through
+            out.append(here)
+            grad_x.append(here)
+            grad_w.append(Partial() if here == Shard(0) else Replicate())
+            counts.append(Partial() if here == Shard(0) else Replicate())
+        elif here == Replicate() and all(p == Shard(m) for p, m in zip(held, mlp_dims)):  # tensor parallel
+            out.append(Partial())
+            grad_x.append(Partial())
+            grad_w.append(None)
+            counts.append(Replicate())
+        else:
+            return None
+    local_weights = {name: w.to_local(grad_placements=[h if g is None else g for g, h in zip(grad_w, w.placements)])
+                     for name, w in zip(("gate", "up", "down"), experts)}
+    local_x = x.to_local(grad_placements=grad_x)
+    pairs = sort_pairs(indices.to_local(), n_experts, None if valid is None else valid.to_local(), align)
+    y = grouped_experts(local_weights, local_x, pairs, weights.to_local(grad_placements=grad_x))
+    return (DTensor.from_local(y, mesh, out, run_check=False),
+            DTensor.from_local(pairs.counts, mesh, counts, run_check=False))

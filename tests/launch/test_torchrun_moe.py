@@ -1,6 +1,7 @@
 """`launch/train.py --config qwen3_moe_tiny` under torchrun with expert parallelism, compiled by Inductor
 over gloo, against the same run in one process: two steps on `ep=2,fsdp=2`, then its checkpoint resumes
-on `ep=2,tp=2` (experts resharded from their model dim to their hidden dim) for the last two."""
+on `ep=2,tp=2` (experts resharded from their model dim to their hidden dim) for the last two; and two steps
+on `fsdp=2,tp=2`, where the dropless experts run grouped."""
 
 import importlib.util
 import os
@@ -55,3 +56,10 @@ def test_ep_fsdp_run_matches_one_process_and_resumes_compiled_on_ep_tp(tmp_path,
     _train(run, *TORCHRUN, args=["--mesh", "ep=2,tp=2", "--steps", str(STEPS), "--resume", "--checkpoint_every", "0"])
     resumed = [(s, x) for s, x in [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r] if s > 2]
     _assert_same(resumed, one_process[2:])
+
+
+@pytest.mark.slow
+def test_grouped_dropless_on_fsdp_tp_matches_one_process(tmp_path, one_process):
+    """Without `ep` the dropless experts run grouped, each rank on the tokens it holds, compiled."""
+    got = _train(tmp_path / "run", *TORCHRUN, args=["--mesh", "fsdp=2,tp=2", "--steps", "2", "--checkpoint_every", "0"])
+    _assert_same(got, one_process[:2])

@@ -84,7 +84,22 @@ def _alltoall_calls():
     return calls
 
 
-def _run_mesh(text: str, world: int, capacity, out: str, calls: list) -> dict:
+def _grouped_calls():
+    """Count the grouped matmuls of the dropless experts (test-only wrapper)."""
+    from ember.models.layers import moe_grouped
+
+    calls = []
+    original = moe_grouped.grouped_mm
+
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
+
+    moe_grouped.grouped_mm = counting
+    return calls
+
+
+def _run_mesh(text: str, world: int, capacity, out: str, calls: list, grouped: list) -> dict:
     import torch.distributed as dist
 
     from ember.core.mesh import Mesh
@@ -101,9 +116,10 @@ def _run_mesh(text: str, world: int, capacity, out: str, calls: list) -> dict:
     with use_sharding(sharding):
         batches = [shard_batch(b, sharding) for b in batches]
         grads = grads_of(loss_fn, state.params, batches[0])
-        del calls[:]
+        del calls[:], grouped[:]
         losses, dropped, state = run(step, state, batches)
         step_calls = list(calls[: len(calls) // STEPS])
+        grouped_per_step = len(grouped) // STEPS
     params = {p[len("params."):]: x for p, x in tree_leaves_with_path(state) if p.startswith("params.")}
     full = {"grads": {p: low.gather(g) for p, g in tree_leaves_with_path(grads)},
             "params": {p: low.gather(x) for p, x in params.items()}}  # collectives: every rank
@@ -114,23 +130,25 @@ def _run_mesh(text: str, world: int, capacity, out: str, calls: list) -> dict:
         "dropped": [float(low.gather(x)) for x in dropped],
         "local": {p: list(low.local_shape(x)) for p, x in params.items()},
         "alltoall_per_step": step_calls,
+        "grouped_per_step": grouped_per_step,
     }
 
 
-def _worker(rank: int, world: int, out: str, meshes: list) -> None:
+def _worker(rank: int, world: int, out: str, meshes: list, capacities: list) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), world), rank=rank,
                             world_size=world)
-    calls = _alltoall_calls()
+    calls, grouped = _alltoall_calls(), _grouped_calls()
     results = {}
     try:
         for text in meshes:
-            for name, capacity in CAPACITIES.items():
+            for name in capacities:
+                capacity = CAPACITIES[name]
                 start = time.perf_counter()
                 try:
-                    results[f"{text}/{name}"] = _run_mesh(text, world, capacity, out, calls)
+                    results[f"{text}/{name}"] = _run_mesh(text, world, capacity, out, calls, grouped)
                 except Exception:  # report every mesh, not only the first failure
                     results[f"{text}/{name}"] = {"error": traceback.format_exc()[-4000:]}
                 results[f"{text}/{name}"]["wall_s"] = time.perf_counter() - start
@@ -147,13 +165,15 @@ def main(argv=None) -> None:
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--meshes", required=True, help="';'-separated meshes, each using all --world ranks")
     p.add_argument("--out", required=True)
+    p.add_argument("--capacities", default=",".join(CAPACITIES), help="','-separated names of CAPACITIES")
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
 
     os.makedirs(args.out, exist_ok=True)
     meshes = [m for m in args.meshes.split(";") if m]
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
-    mp.start_processes(_worker, args=(args.world, args.out, meshes), nprocs=args.world, start_method="spawn")
+    mp.start_processes(_worker, args=(args.world, args.out, meshes, args.capacities.split(",")), nprocs=args.world,
+                       start_method="spawn")
 
 
 if __name__ == "__main__":
