@@ -39,12 +39,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...core.compat import refuse_where_gated
+from ...core.compat.grouped_mm import grouped_mm_runs
 from ...core.mesh import Mesh
 from ...core.partition_specs import constrain, current_sharding
 from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from . import initializers as inits
-from ...core.compat.grouped_mm import grouped_mm_runs
 from .moe_dispatch import assign_slots, combine, dispatch, expert_capacity
 from .moe_grouped import grouped_experts, grouped_experts_on_shards, sort_pairs
 from .moe_router import Router, bias_signal
@@ -123,8 +123,8 @@ class MoE(Module):
         router: picks the experts (its `n_experts`, `top_k` are the layer's).
         hidden: I, each routed expert's inner width (HF `moe_intermediate_size`).
         capacity_factor: slots per expert and sequence as a multiple of the even share `S * k / E`
-            (pairs beyond it are dropped); None: dropless (`S` slots). Decoding through a KV cache is
-            dropless whatever it is.
+            (pairs beyond it are dropped); None: dropless (as `dropless` says). Decoding through a KV
+            cache is dropless whatever it is.
         dropless: how dropless routing runs: "grouped" (sorted pairs and grouped matmuls where the
             kernel runs, else padded) or "padded" (a slot per token for every expert).
         shared: a feed-forward layer every token also goes through (DeepSeek-V3's shared experts),
