@@ -15,7 +15,7 @@ from torch import Tensor
 
 from . import gated_on
 
-__all__ = ["grouped_mm", "grouped_mm_runs"]
+__all__ = ["grouped_mm", "grouped_mm_row_alignment", "grouped_mm_runs"]
 
 _KERNEL = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
@@ -27,8 +27,13 @@ def grouped_mm_runs(dtype: torch.dtype, device_type: str, *widths: int) -> bool:
         return False
     if dtype == torch.float32 and gated_on("grouped_mm_float32"):
         return False
-    per_16_bytes = 16 // torch.empty((), dtype=dtype).element_size()
+    per_16_bytes = 16 // dtype.itemsize
     return all(w % per_16_bytes == 0 for w in widths)
+
+
+def grouped_mm_row_alignment(dtype: torch.dtype, device_type: str) -> int:
+    """Rows each group is padded to: 16 bytes of `dtype` on CUDA (its kernels' alignment), 1 elsewhere."""
+    return 16 // dtype.itemsize if device_type == "cuda" else 1
 
 
 def grouped_mm(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:

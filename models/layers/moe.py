@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...core.compat import refuse_where_gated
-from ...core.compat.grouped_mm import grouped_mm_runs
+from ...core.compat.grouped_mm import grouped_mm_row_alignment, grouped_mm_runs
 from ...core.mesh import Mesh
 from ...core.partition_specs import constrain, current_sharding
 from ...core.remat_policies import checkpoint_name
@@ -211,7 +211,7 @@ class MoE(Module):
         B, T, d = x.shape
         if self.dropless != "grouped" or not grouped_mm_runs(x.dtype, x.device.type, d, self.hidden):
             return None
-        align = 16 // x.element_size() if x.device.type == "cuda" else 1
+        align = grouped_mm_row_alignment(x.dtype, x.device.type)
         tokens, flat_valid = x.reshape(B * T, d), None if valid is None else valid.reshape(B * T)
         if sharding is None:
             pairs = sort_pairs(routing.indices, self.n_experts, flat_valid, align)

@@ -120,15 +120,14 @@ def grouped_experts_on_shards(params: Params, x: Tensor, indices: Tensor, weight
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     experts = [params["gate"], params["up"], params["down"]]
-    tensors = [x, indices, weights, *experts] + ([] if valid is None else [valid])
-    if not all(isinstance(t, DTensor) for t in tensors):
+    routed = [indices, weights] + ([] if valid is None else [valid])  # laid out as the tokens
+    if not all(isinstance(t, DTensor) for t in [x, *routed, *experts]):
         return None
     mesh, mlp_dims = x.device_mesh, (1, 1, 2)  # where "mlp" is in gate, up (E, I, d) and down (E, d, I)
     out, grad_x, grad_w, counts = [], [], [], []
     for dim, here in enumerate(x.placements):
-        routed = [t.placements[dim] for t in tensors[1:3] + tensors[6:]]
         held = [w.placements[dim] for w in experts]
-        if here not in (Replicate(), Shard(0)) or any(p != here for p in routed):
+        if here not in (Replicate(), Shard(0)) or any(t.placements[dim] != here for t in routed):
             return None
         if all(p == Replicate() for p in held):  # whole weights: the tokens' split carries through
             out.append(here)
