@@ -29,21 +29,13 @@ from ember.launch.benchmark import time_round_robin, update_markdown
 from ember.launch.benchmark.setup import Variant, sync
 from ember.launch.benchmark.timing import matmul_peak, percentile
 from ember.launch.run_config import get_config as get_run_config
-from ember.models import build_model, count_params, get_config, lm_loss
+from ember.models import build_model, count_active_params, count_params, get_config, lm_loss
 from ember.models.layers import initializers as inits
 from ember.models.layers.moe import DROPLESS
 
 LAYER_TOKENS = 4096
 DISPATCH = {"dropless grouped": (None, "grouped"), "dropless padded": (None, "padded"),
             "capacity 1.25": (1.25, "grouped"), "capacity 1.0": (1.0, "grouped")}
-
-
-def active_params(cfg) -> int:
-    """Parameters one token goes through: all but the experts it was not routed to."""
-    moe = build_model("qwen3_moe", cfg)
-    per_expert = 3 * cfg.d_model * cfg.moe_ffn_dim
-    n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
-    return count_params(moe) - n_moe * (cfg.n_experts - cfg.experts_per_token) * per_expert
 
 
 def variants(run_cfg, device, dtype) -> list:
@@ -131,7 +123,7 @@ def main(argv=None) -> int:
              f"{args.iters} round-robin steps (`{command}`)",
              "", "| variant | params | step ms | tokens/s | vs dense |" + (" MFU (active) |" if peak else ""),
              "|---|---|---|---|---|" + ("---|" if peak else "")]
-    flops_per_token = 6 * active_params(run_cfg.model)
+    flops_per_token = 6 * count_active_params(build_model("qwen3_moe", run_cfg.model))
     for v in vs:
         s = percentile(timed[v.name]["times"], 0.5)
         mfu = f" {flops_per_token * tokens / s / peak['flops']:.1%} |" if peak else ""

@@ -1,20 +1,20 @@
-"""ember.models: the layer DSL, the GPT-2, Llama-3, Qwen2, Qwen3, Qwen3-MoE, dots1, Mixtral, Mistral and Gemma families, and the
-architecture registry.
+"""ember.models: the layer DSL, the GPT-2, Llama-3, Qwen2, Qwen3, Qwen3-MoE, dots1, Mixtral, DeepSeek-V3, Mistral
+and Gemma families, and the architecture registry.
 
 Each family is a folder read top to bottom: `llama3/model.py` (attention, MLP, block, model),
 `llama3/config.py` (config and named sizes), `llama3/hf.py` (Hugging Face mapping); `gpt2/` likewise.
 `qwen2/`, `qwen3/`, `mistral/` and `gemma/` reuse Llama's block and say what their configs change.
 
 Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `RMSNorm`, ...), `GPT2`,
-`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Qwen3Moe`, `Qwen3MoeConfig`, `Dots1`, `Dots1Config`, `Mixtral`, `MixtralConfig`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
-`get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`,
+`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Qwen3Moe`, `Qwen3MoeConfig`, `Dots1`, `Dots1Config`, `Mixtral`, `MixtralConfig`, `DeepseekV3`, `DeepseekV3Config`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
+`get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`, `count_active_params`,
 `estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; `Decoder` (KV-cache generation,
 `ember.models.generation`); bridges `from_torch`,
-`from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE, dots1, Mixtral, Mistral and Gemma folders; other causal LMs
+`from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE, dots1, Mixtral, DeepSeek-V3, Mistral and Gemma folders; other causal LMs
 through the bridge); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`.
 
 Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `qwen3_moe`, `dots1`, `mixtral`,
-`mistral`, `gemma`) and their architectures.
+`deepseek_v3`, `mistral`, `gemma`) and their architectures.
 
 Example:
     >>> import torch
@@ -37,6 +37,8 @@ from .dots1 import Dots1 as Dots1
 from .dots1 import Dots1Config as Dots1Config
 from .gemma import Gemma as Gemma
 from .gemma import GemmaConfig as GemmaConfig
+from .deepseek_v3 import DeepseekV3 as DeepseekV3
+from .deepseek_v3 import DeepseekV3Config as DeepseekV3Config
 from .generation import Decoder as Decoder
 from .hf import SUPPORTED_HF_MODELS as SUPPORTED_HF_MODELS
 from .hf import config_from_hf as config_from_hf
@@ -77,12 +79,15 @@ from .registry import list_families as list_families
 from .registry import register_family as register_family
 from .registry import replace_config as replace_config
 from .summary import MemoryEstimate as MemoryEstimate
+from .summary import count_active_params as count_active_params
 from .summary import count_params as count_params
 from .summary import describe as describe
 from .summary import estimate_memory as estimate_memory
 
 __all__ = [
     "Decoder",
+    "DeepseekV3",
+    "DeepseekV3Config",
     "Dots1",
     "Dots1Config",
     "GPT2",
@@ -112,6 +117,7 @@ __all__ = [
     "check_lm_data",
     "config_from_hf",
     "config_to_hf",
+    "count_active_params",
     "count_params",
     "describe",
     "estimate_memory",

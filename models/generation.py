@@ -1,11 +1,13 @@
-"""Generation with a KV cache for the Llama-layout families (Llama 3, Qwen2, Qwen3, Mistral, Gemma).
+"""Generation with a KV cache for the Llama-layout families (Llama 3, Qwen2, Qwen3, Mistral, Gemma, and the
+mixtures of experts built on them: Qwen3-MoE, dots1, Mixtral, DeepSeek-V3).
 
 Public names: `Decoder`, `init_cache`, `prefill`, `decode_step`.
 
 `prefill(model, cache, params, prompt)` runs the prompt once and fills the cache;
 `decode_step(model, cache, params, token, position)` runs one new token against it. Both are pure
 `(cache, params, tokens, position) -> (cache, logits (B, V))` functions: the cache is a pytree of
-fixed-size buffers (`ember.models.layers.kv_cache`) and `position` a 0-d tensor, so the compiled
+fixed-size buffers (`ember.models.layers.kv_cache`, laid out as the model's `cache_widths()` says:
+keys and values, or DeepSeek-V3's latents) and `position` a 0-d tensor, so the compiled
 decode step is one graph for every position, and the cache can be donated to it. `Decoder` compiles
 both once per model and samples with them (greedy, temperature, top-k, top-p, stop tokens).
 
@@ -32,7 +34,7 @@ from ..core import random
 from ..core.jit import jit
 from ..core.step_fns.sample import sample_token
 from ..core.types import Key, Params
-from .layers.kv_cache import CachedCall, init_kv_cache
+from .layers.kv_cache import CachedCall, init_cache_buffers
 from .llama3.config import Llama3Config
 
 __all__ = ["Decoder", "decode_step", "init_cache", "prefill"]
@@ -43,7 +45,7 @@ Cache = Dict[str, Tensor]
 def _check_family(model: Any) -> None:
     if not isinstance(getattr(model, "config", None), Llama3Config):
         raise TypeError(f"KV-cache generation supports the Llama-layout families (llama3, qwen2, qwen3, mistral, "
-                        f"gemma), got "
+                        f"gemma, and the mixtures of experts on them), got "
                         f"{type(model).__name__}; ember.core.step_fns.generate samples any model without a cache.")
 
 
@@ -55,8 +57,8 @@ def init_cache(model: Any, *, batch: int, slots: int, dtype: torch.dtype = torch
     if slots > c.max_seq_len:
         raise ValueError(f"a cache of {slots} slots is longer than the model's max_seq_len={c.max_seq_len}; "
                          f"generate fewer tokens or raise max_seq_len.")
-    return init_kv_cache(n_layers=c.n_layers, batch=batch, n_kv_heads=c.n_kv_heads, slots=slots,
-                         head_dim=c.head_dim, dtype=dtype, device=device)
+    return init_cache_buffers(model.cache_widths(), n_layers=c.n_layers, batch=batch, slots=slots, dtype=dtype,
+                              device=device)
 
 
 def _forward(model: Any, cache: Cache, params: Params, tokens: Tensor, position: Tensor) -> Tuple[Cache, Tensor]:

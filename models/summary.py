@@ -1,6 +1,6 @@
 """Model size arithmetic from declared shapes (nothing is allocated).
 
-Public names: `count_params`, `estimate_memory`, `MemoryEstimate`, `describe`.
+Public names: `count_params`, `count_active_params`, `estimate_memory`, `MemoryEstimate`, `describe`.
 
 `estimate_memory` is the what-if from a parameter count (an assumed dtype and optimizer-slot count,
 gradients included, nothing built). For the bytes one device holds of an actual (or meta) state
@@ -24,7 +24,7 @@ import torch
 
 from ..core import pytree
 
-__all__ = ["MemoryEstimate", "count_params", "describe", "estimate_memory"]
+__all__ = ["MemoryEstimate", "count_active_params", "count_params", "describe", "estimate_memory"]
 
 _GIB = 1024**3
 
@@ -55,6 +55,22 @@ def count_params(model_or_params: Any) -> int:
         TypeError: a leaf is not a tensor.
     """
     return sum(math.prod(t.shape) for t in _shape_leaves(model_or_params))
+
+
+def count_active_params(model: Any) -> int:
+    """Parameters one token goes through: all but the routed experts it is not sent to (a dense model: all).
+
+    Example:
+        >>> from ember.models import build_model
+        >>> round(count_active_params(build_model("mixtral", "8x7b")) / 1e9, 1)
+        12.9
+    """
+    total = count_params(model)
+    c = model.config
+    if not hasattr(c, "n_experts"):
+        return total
+    moe_layers = sum(c.is_moe_layer(i) for i in range(c.n_layers))
+    return total - moe_layers * (c.n_experts - c.experts_per_token) * 3 * c.d_model * c.moe_ffn_dim
 
 
 class MemoryEstimate(NamedTuple):

@@ -21,12 +21,11 @@ import torch
 from ember import optim
 from ember.core import TrainState, device_for, jit, random, to_device
 from ember.core.step_fns import train_step
-from ember.launch.bench_moe import active_params
 from ember.launch.benchmark import Variant, matmul_peak, time_round_robin
 from ember.launch.benchmark.setup import sync
 from ember.launch.benchmark.timing import percentile
 from ember.launch.run_config import get_config as get_run_config
-from ember.models import build_model, count_params, get_config, lm_loss
+from ember.models import build_model, count_active_params, count_params, get_config, lm_loss
 
 from .common import count_warnings, emit
 
@@ -83,8 +82,9 @@ def main(argv=None) -> int:
             warnings.simplefilter("always")
             timed = time_round_robin(variants, warmup=args.warmup, iters=args.iters)
         peak = matmul_peak(device, reps=args.peak_reps, dtype=getattr(torch, args.dtype))  # the dtype it computes in
-        flops_per_token = 6 * active_params(c)
-        res.update(device=str(device), tokens_per_step=b * t, active_params=active_params(c),
+        active = count_active_params(build_model("qwen3_moe", c))
+        flops_per_token = 6 * active
+        res.update(device=str(device), tokens_per_step=b * t, active_params=active,
                    peak_tflops=peak["flops"] / 1e12, n_experts=c.n_experts, experts_per_token=c.experts_per_token,
                    warnings=count_warnings(caught), variants={})
         for v in variants:

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping
 
-import torch
 from torch import Tensor
 
 from ...core.types import Params
+from ..deepseek_v3.hf import deepseek_moe_params_from_hf, deepseek_moe_params_to_hf
 from ..hf import HFAdapter, register_hf_adapter, require_hf_value
 from ..llama3.hf import llama_fields_from_hf, llama_fields_to_hf, require_full_attention
-from ..qwen3_moe.hf import check_llama_attention, hf_expert_count, moe_params_from_hf, moe_params_to_hf
+from ..qwen3_moe.hf import check_llama_attention, hf_expert_count
 from ..registry import replace_config
 from .config import Dots1Config
 from .model import Dots1
@@ -111,25 +111,13 @@ def dots1_config_to_hf(c: Dots1Config) -> Dict[str, Any]:
 
 def dots1_params_from_hf(state: Mapping[str, Tensor], c: Dots1Config) -> Params:
     """ember params (blocks as a list) from an HF dots1 state dict; zero-width shared experts are dropped."""
-    return moe_params_from_hf(state, c, ignore=lambda k: ".mlp.shared_experts." in k and state[k].numel() == 0)
+    return deepseek_moe_params_from_hf(state, c)
 
 
 def dots1_params_to_hf(params: Params, c: Dots1Config) -> Dict[str, Tensor]:
     """The HF dots1 state dict for ember params, with the zero bias / zero-width shared experts transformers expects."""
     _check_dots1(c)
-    out = moe_params_to_hf(params, c)
-    E, I, d = c.n_experts, c.moe_ffn_dim * c.n_shared_experts, c.d_model
-    like = params["wte"]["weight"]
-    for i in range(c.n_layers):
-        h = f"model.layers.{i}.mlp."
-        if not c.is_moe_layer(i):
-            continue
-        if not c.expert_bias:
-            out[h + "gate.e_score_correction_bias"] = torch.zeros(E, dtype=torch.float32, device=like.device)
-        if not c.n_shared_experts:
-            for n, shape in (("gate_proj", (I, d)), ("up_proj", (I, d)), ("down_proj", (d, I))):
-                out[f"{h}shared_experts.{n}.weight"] = like.new_zeros(shape)
-    return out
+    return deepseek_moe_params_to_hf(params, c)
 
 
 register_hf_adapter(HFAdapter(

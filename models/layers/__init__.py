@@ -1,9 +1,10 @@
 """ember's layer DSL: parameter declarations, a `Module` base, and the primitives model families share.
 
 Public names: `Param`, `Module`, `path_key`, `initializers` (module), `Linear`, `Embedding`,
-`LayerNorm`, `RMSNorm`, `Dropout`, `RotaryEmbedding`, `RopeScaling`, `rope_frequencies`,
-`apply_rotary`, `dot_product_attention`, `attention_mask`, `repeat_kv`, `Sequential`, `Stacked`, `Stacks`,
-`init_kv_cache`, `CachedCall` (the decoding cache).
+`LayerNorm`, `RMSNorm`, `Dropout`, `RotaryEmbedding`, `RopeScaling`, `YarnScaling`, `rope_frequencies`,
+`apply_rotary`, `dot_product_attention`, `attention_mask`, `repeat_kv`, `LatentAttention` (multi-head
+latent attention, shared by the DeepSeek-V3 family), `Sequential`, `Stacked`, `Stacks`, `init_kv_cache`,
+`init_cache_buffers`, `CachedCall` (the decoding cache).
 
 Attention, feed-forward layers and blocks live with their family, on the page of its `model.py`
 (`ember.models.llama3`: `Attention`, `SwiGLU`, `Block`; `ember.models.gpt2`: `CausalSelfAttention`,
@@ -36,7 +37,9 @@ from .attention import repeat_kv as repeat_kv
 from .dropout import Dropout as Dropout
 from .embedding import Embedding as Embedding
 from .kv_cache import CachedCall as CachedCall
+from .kv_cache import init_cache_buffers as init_cache_buffers
 from .kv_cache import init_kv_cache as init_kv_cache
+from .latent_attention import LatentAttention as LatentAttention
 from .linear import Linear as Linear
 from .module import Module as Module
 from .module import path_key as path_key
@@ -45,6 +48,7 @@ from .norms import RMSNorm as RMSNorm
 from .param import Param as Param
 from .rotary import RopeScaling as RopeScaling
 from .rotary import RotaryEmbedding as RotaryEmbedding
+from .rotary import YarnScaling as YarnScaling
 from .rotary import apply_rotary as apply_rotary
 from .rotary import rope_frequencies as rope_frequencies
 from .stacked import Sequential as Sequential
@@ -55,6 +59,7 @@ __all__ = [
     "CachedCall",
     "Dropout",
     "Embedding",
+    "LatentAttention",
     "LayerNorm",
     "Linear",
     "Module",
@@ -65,9 +70,11 @@ __all__ = [
     "Sequential",
     "Stacked",
     "Stacks",
+    "YarnScaling",
     "apply_rotary",
     "attention_mask",
     "dot_product_attention",
+    "init_cache_buffers",
     "init_kv_cache",
     "initializers",
     "path_key",

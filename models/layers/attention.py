@@ -105,20 +105,22 @@ def dot_product_attention(
     window: Optional[int] = None,
     dropout: float = 0.0,
     key: Optional[Key] = None,
+    scale: Optional[float] = None,
 ) -> Tensor:
     """`softmax(q k^T / sqrt(D)) v` with causal / segment / padding masking and keyed probability dropout.
 
     Args:
-        q, k, v: (B, H, T, D); grouped-query keys and values already repeated to H heads.
+        q, k, v: (B, H, T, D) (v's D may differ); grouped-query keys and values already repeated to H heads.
         causal: forbid attending to later positions.
         segment_ids: (B, T) ints; tokens attend only within their own segment (packed documents).
         padding_mask: (B, T) bool/int, 1 for real tokens and 0 for padding keys.
         window: sliding-window length (see `attention_mask`); None: no window.
         dropout: attention-probability dropout rate; applied only when `key` is given.
         key: drives the dropout (None: evaluation, no dropout).
+        scale: the scores' multiplier (None: `1 / sqrt(D)`).
 
     Returns:
-        (B, H, T, D).
+        (B, H, T, v's D).
     """
     T = q.shape[2]
     mask = attention_mask(T, causal=causal, segment_ids=segment_ids, padding_mask=padding_mask, window=window,
@@ -127,17 +129,19 @@ def dot_product_attention(
     if explicit_attention_required(dropout=explicit, masked=mask is not None):
         explicit = True
     if explicit:
-        return _explicit_attention(q, k, v, mask, causal=causal, dropout=dropout, key=key if dropout > 0.0 else None)
+        return _explicit_attention(q, k, v, mask, causal=causal, dropout=dropout, key=key if dropout > 0.0 else None,
+                                   scale=scale)
     if mask is not None and causal and T >= 2 * QUERY_CHUNK:
-        return _causal_query_chunks(q, k, v, mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)  # (B, H, T, D)
+        return _causal_query_chunks(q, k, v, mask, scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                          scale=scale)  # (B, H, T, D)
 
 
 QUERY_CHUNK = 256
 """Queries per kernel call when a mask meets causal attention (`_causal_query_chunks`)."""
 
 
-def _causal_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+def _causal_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: Optional[float]) -> Tensor:
     """Masked causal SDPA, `QUERY_CHUNK` queries at a time against the keys up to the chunk's last query.
 
     One masked call computes every (query, key) pair, later keys included, where `is_causal` skips
@@ -148,16 +152,18 @@ def _causal_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tenso
     for start in range(0, t, QUERY_CHUNK):
         end = min(start + QUERY_CHUNK, t)
         out.append(F.scaled_dot_product_attention(q[:, :, start:end], k[:, :, :end], v[:, :, :end],
-                                                  attn_mask=mask[..., start:end, :end]))  # (B, H, chunk, D)
+                                                  attn_mask=mask[..., start:end, :end], scale=scale))  # (B, H, chunk, D)
     return torch.cat(out, dim=2)  # (B, H, T, D)
 
 
 def _explicit_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], *, causal: bool, dropout: float, key: Optional[Key]
+    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], *, causal: bool, dropout: float, key: Optional[Key],
+    scale: Optional[float] = None,
 ) -> Tensor:
-    """softmax(q k^T / sqrt(D)), keyed dropout on the probabilities (if `key`), then @ v: (B, H, T, D)."""
+    """softmax(q k^T * scale), keyed dropout on the probabilities (if `key`), then @ v: (B, H, T, D)."""
     t = q.shape[2]
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, T, T)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, T, T)
     if mask is None and causal:
         idx = torch.arange(t, device=q.device)
         mask = idx[:, None] >= idx[None, :]  # (T, T)

@@ -1,12 +1,13 @@
 """The key/value cache of autoregressive decoding: a pytree of fixed-size buffers, and the per-call
 object through which each attention layer reads and writes its slice.
 
-Public names: `init_kv_cache`, `CachedCall`.
+Public names: `init_kv_cache`, `init_cache_buffers`, `CachedCall`.
 
 The cache is `{"k": (L, B, KV, S, D), "v": (L, B, KV, S, D)}` for `L` layers and `S` slots: plain
 tensors, so it can be donated to a compiled decode step and sharded on its `kv_heads` axis. One
 call of the model (a prefill of `T` tokens, or a decode step of one) gets a `CachedCall` in its
-`kv_cache` keyword; each attention layer in turn writes its new keys and values at slots
+`kv_cache` keyword; each attention layer in turn writes its new keys and values (or, under
+multi-head latent attention, its compressed latents: `write`) at slots
 `position .. position + T - 1` and attends over all `S` slots with a mask: a slot is visible when
 it is not after the query (and within the sliding window, if any). `position` is a 0-d tensor, so
 one compiled decode step serves every position.
@@ -22,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -30,14 +31,22 @@ from torch import Tensor
 
 from .attention import repeat_kv
 
-__all__ = ["CachedCall", "init_kv_cache"]
+__all__ = ["CachedCall", "init_cache_buffers", "init_kv_cache"]
 
 
 def init_kv_cache(*, n_layers: int, batch: int, n_kv_heads: int, slots: int, head_dim: int,
                   dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None) -> Dict[str, Tensor]:
     """An empty (zero) cache: `{"k", "v"}`, each `(n_layers, batch, n_kv_heads, slots, head_dim)`."""
-    shape = (n_layers, batch, n_kv_heads, slots, head_dim)
-    return {"k": torch.zeros(shape, dtype=dtype, device=device), "v": torch.zeros(shape, dtype=dtype, device=device)}
+    return init_cache_buffers({"k": (n_kv_heads, head_dim), "v": (n_kv_heads, head_dim)}, n_layers=n_layers,
+                              batch=batch, slots=slots, dtype=dtype, device=device)
+
+
+def init_cache_buffers(widths: Mapping[str, Tuple[int, int]], *, n_layers: int, batch: int, slots: int,
+                       dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None) -> Dict[str, Tensor]:
+    """An empty cache of any layout: for each `name: (heads, width)`, a zero `(n_layers, batch, heads, slots, width)`
+    buffer (multi-head latent attention caches `{"latent": (1, kv_rank), "k_rope": (1, rope_dim)}`)."""
+    return {name: torch.zeros((n_layers, batch, heads, slots, width), dtype=dtype, device=device)
+            for name, (heads, width) in widths.items()}
 
 
 class CachedCall:
@@ -51,36 +60,53 @@ class CachedCall:
     def __init__(self, cache: Dict[str, Tensor], position: Tensor) -> None:
         self.before = cache
         self.position = position
-        self._k: List[Tensor] = []
-        self._v: List[Tensor] = []
+        self._written: Dict[str, List[Tensor]] = {name: [] for name in cache}
 
     @property
     def layers_seen(self) -> int:
-        return len(self._k)
+        return len(next(iter(self._written.values())))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, window: Optional[int] = None) -> Tensor:
-        """Write this layer's `k`, `v` `(B, KV, T, D)` into the cache; attend `q` `(B, H, T, D)` over it."""
-        layer = len(self._k)
-        if layer >= self.before["k"].shape[0]:
-            raise ValueError(f"the cache holds {self.before['k'].shape[0]} layers, but the model called attention a "
+    @property
+    def n_layers(self) -> int:
+        return next(iter(self.before.values())).shape[0]
+
+    def write(self, *, window: Optional[int] = None, **new: Tensor) -> Tuple[Dict[str, Tensor], Tensor]:
+        """Write one layer's `name=(B, heads, T, width)` tensors at the call's slots.
+
+        Returns `(every slot of each, visible)`: the buffers `(B, heads, S, width)` in the cache's dtype,
+        and the `(T, S)` mask of the slots each query may see (written, not after it, within `window`).
+        """
+        layer = self.layers_seen
+        if layer >= self.n_layers:
+            raise ValueError(f"the cache holds {self.n_layers} layers, but the model called attention a "
                              f"{layer + 1}th time; build it with init_kv_cache(n_layers=<the model's layers>).")
-        t, slots = q.shape[2], self.before["k"].shape[3]
-        query_slots = self.position + torch.arange(t, device=q.device)  # (T,)
-        k_all = self.before["k"][layer].index_copy(2, query_slots, k.to(self.before["k"].dtype))  # (B, KV, S, D)
-        v_all = self.before["v"][layer].index_copy(2, query_slots, v.to(self.before["v"].dtype))
-        self._k.append(k_all)
-        self._v.append(v_all)
-        key_slots = torch.arange(slots, device=q.device)
+        if sorted(new) != sorted(self.before):
+            raise ValueError(f"the cache holds {sorted(self.before)}, but a layer wrote {sorted(new)}; build the cache "
+                             f"with ember.models.generation.init_cache(model, ...), which asks the model its layout.")
+        t = next(iter(new.values())).shape[2]
+        device = next(iter(new.values())).device
+        query_slots = self.position + torch.arange(t, device=device)  # (T,)
+        full = {}
+        for name, x in new.items():
+            buffer = self.before[name]
+            full[name] = buffer[layer].index_copy(2, query_slots, x.to(buffer.dtype))  # (B, heads, S, width)
+            self._written[name].append(full[name])
+        key_slots = torch.arange(self.before[next(iter(new))].shape[3], device=device)
         visible = key_slots[None, :] <= query_slots[:, None]  # (T, S): written, and not after the query
         if window is not None:
             visible = visible & (query_slots[:, None] - key_slots[None, :] < window)
+        return full, visible
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, window: Optional[int] = None) -> Tensor:
+        """Write this layer's `k`, `v` `(B, KV, T, D)` into the cache; attend `q` `(B, H, T, D)` over it."""
+        full, visible = self.write(k=k, v=v, window=window)
         n_rep = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, repeat_kv(k_all.to(q.dtype), n_rep), repeat_kv(v_all.to(q.dtype), n_rep),
-                                              attn_mask=visible)  # (B, H, T, D)
+        return F.scaled_dot_product_attention(q, repeat_kv(full["k"].to(q.dtype), n_rep),
+                                              repeat_kv(full["v"].to(q.dtype), n_rep), attn_mask=visible)  # (B, H, T, D)
 
     def cache(self) -> Dict[str, Tensor]:
         """The cache after the call (every layer's slice rewritten)."""
-        if len(self._k) != self.before["k"].shape[0]:
-            raise ValueError(f"the model called attention {len(self._k)} times, but the cache holds "
-                             f"{self.before['k'].shape[0]} layers.")
-        return {"k": torch.stack(self._k), "v": torch.stack(self._v)}
+        if self.layers_seen != self.n_layers:
+            raise ValueError(f"the model called attention {self.layers_seen} times, but the cache holds "
+                             f"{self.n_layers} layers.")
+        return {name: torch.stack(slices) for name, slices in self._written.items()}

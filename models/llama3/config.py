@@ -13,10 +13,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .. import _checks as checks
-from ..layers import RopeScaling
+from ..layers import RopeScaling, YarnScaling
 from ..registry import arch, get_config, register_family, replace_config
 
 if TYPE_CHECKING:
@@ -48,8 +48,8 @@ class Llama3Config:
     """RMSNorm epsilon (Meta's `norm_eps`)."""
     rope_theta: float = 500000.0
     """RoPE base; Llama 3 raised it from 10,000 to 500,000 for long contexts (paper §3.1.1)."""
-    rope_scaling: Optional[RopeScaling] = None
-    """Llama-3.1 RoPE frequency scaling; None for Llama 3.0 and toy models."""
+    rope_scaling: Optional[Union[RopeScaling, YarnScaling]] = None
+    """Llama-3.1 RoPE frequency scaling (or YaRN); None for Llama 3.0 and toy models."""
     attn_head_dim: Optional[int] = None
     """Per-head width when it is not d_model / n_heads (Qwen3: 128 at d_model 1024 and 16 heads);
     None derives it. `head_dim` is the width in use."""
@@ -101,10 +101,9 @@ class Llama3Config:
             raise ValueError(f"Llama3Config.norm_eps must be > 0, got {self.norm_eps}.")
         if not self.rope_theta > 0:
             raise ValueError(f"Llama3Config.rope_theta must be > 0, got {self.rope_theta}.")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
-            raise TypeError(
-                f"Llama3Config.rope_scaling must be a RopeScaling or None, got {type(self.rope_scaling).__name__}."
-            )
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, (RopeScaling, YarnScaling)):
+            raise TypeError(f"Llama3Config.rope_scaling must be a RopeScaling, a YarnScaling or None, got "
+                            f"{type(self.rope_scaling).__name__}.")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"{type(self).__name__}.sliding_window must be > 0 or None, got {self.sliding_window}.")
         p, v = self.pad_token_id, self.vocab_size

@@ -25,14 +25,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from torch import Tensor
 
 from ...core import pytree
 from ...core.types import Params
 from ..hf import HFAdapter, StateReader, check_tied_head, register_hf_adapter, require_hf_value
-from ..layers import RopeScaling
+from ..layers import RopeScaling, YarnScaling
 from ..registry import replace_config
 from .config import Llama3Config
 from .model import Llama3
@@ -55,17 +55,19 @@ _LAYER_NAMES = (  # (ember path inside a block, HF name inside model.layers.{i})
 )
 
 
-def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Optional[RopeScaling]]:
+def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Optional[Union[RopeScaling, YarnScaling]]]:
     """(theta, scaling) from transformers 5.x `rope_parameters` or 4.x `rope_theta` / `rope_scaling`."""
     params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return float(theta), None
+    if kind == "yarn":
+        return float(theta), _yarn_from_hf(params, hf)
     if kind != "llama3":
         raise ValueError(
-            f"config.json rope type {kind!r} is not supported; ember's Llama3 supports 'default' and "
-            f"'llama3' (Llama-3.1 frequency scaling)."
+            f"config.json rope type {kind!r} is not supported; ember's Llama-layout families support 'default', "
+            f"'llama3' (Llama-3.1 frequency scaling) and 'yarn'."
         )
     scaling = RopeScaling(
         factor=float(params["factor"]),
@@ -74,6 +76,31 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Optional[RopeScaling]]:
         original_max_seq_len=int(params.get("original_max_position_embeddings", 8192)),
     )
     return float(theta), scaling
+
+
+def _yarn_from_hf(params: Mapping[str, Any], hf: Mapping[str, Any]) -> YarnScaling:
+    if params.get("attention_factor") is not None:
+        raise ValueError(f"config.json's yarn rope sets attention_factor={params['attention_factor']}; ember derives "
+                         f"it from factor, mscale and mscale_all_dim as transformers does by default: remove it.")
+    longest = hf.get("max_position_embeddings", 2048)
+    original = int(params.get("original_max_position_embeddings") or longest)  # transformers' fallback too
+    factor = params.get("factor") or longest / original
+    return YarnScaling(factor=float(factor), original_max_seq_len=original,
+                       beta_fast=float(params.get("beta_fast") or 32.0), beta_slow=float(params.get("beta_slow") or 1.0),
+                       mscale=float(params.get("mscale") or 0.0), mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+                       truncate=bool(params.get("truncate", True)))
+
+
+def _rope_to_hf(c: Llama3Config) -> Optional[Dict[str, Any]]:
+    s = c.rope_scaling
+    if s is None:
+        return None
+    if isinstance(s, YarnScaling):
+        out = {"rope_type": "yarn", "factor": s.factor, "original_max_position_embeddings": s.original_max_seq_len,
+               "beta_fast": s.beta_fast, "beta_slow": s.beta_slow, "mscale": s.mscale, "mscale_all_dim": s.mscale_all_dim}
+        return out if s.truncate else {**out, "truncate": False}
+    return {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor, "original_max_position_embeddings": s.original_max_seq_len}
 
 
 def llama_fields_from_hf(hf: Mapping[str, Any], *, family: str = "Llama3") -> Dict[str, Any]:
@@ -135,11 +162,7 @@ def llama3_config_to_hf(c: Llama3Config) -> Dict[str, Any]:
 
 def llama_fields_to_hf(c: Llama3Config) -> Dict[str, Any]:
     """The HF config entries that every Llama-layout family writes alike."""
-    s = c.rope_scaling
-    rope_scaling = None if s is None else {
-        "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-        "high_freq_factor": s.high_freq_factor, "original_max_position_embeddings": s.original_max_seq_len,
-    }
+    rope_scaling = _rope_to_hf(c)
     return {
         "vocab_size": c.vocab_size, "max_position_embeddings": c.max_seq_len,
         "hidden_size": c.d_model, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,

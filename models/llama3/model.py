@@ -42,7 +42,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -362,6 +362,10 @@ class Llama3(Module):
                          window=c.sliding_window, qk_norm=c.qk_norm, norm_eps=c.norm_eps, rope=rope,
                          qkv_init=init, out_init=init)
 
+    def cache_widths(self) -> Dict[str, Tuple[int, int]]:
+        """What decoding caches per token and layer, `{name: (heads, width)}`: each key/value head's key and value."""
+        c = self.config
+        return {"k": (c.n_kv_heads, c.head_dim), "v": (c.n_kv_heads, c.head_dim)}
 
     def norm(self) -> Module:
         """The RMSNorm before each branch and at the end."""

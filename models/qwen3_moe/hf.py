@@ -60,9 +60,10 @@ _BLOCK = (  # (ember path inside a block, HF name inside model.layers.{i}): ever
     ("ln_2.weight", "post_attention_layernorm.weight"),
 )
 _SWIGLU = (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj"))
+Names = List[Tuple[str, str]]
 
 
-def _block_names(c: Qwen3MoeConfig) -> List[Tuple[str, str]]:
+def _block_names(c: Qwen3MoeConfig) -> Names:
     """`_BLOCK` without the q/k norms when the config has none (Mixtral)."""
     return [(e, n) for e, n in _BLOCK if c.qk_norm or "_norm." not in e]
 
@@ -161,18 +162,21 @@ def _experts_from_hf(get: StateReader, h: str, c: Qwen3MoeConfig) -> Dict[str, A
 
 
 def moe_params_from_hf(state: Mapping[str, Tensor], c: Qwen3MoeConfig, *,
-                       ignore: Optional[Callable[[str], bool]] = None) -> Params:
-    """ember params (blocks as a list) from an HF Qwen3-MoE or dots1 state dict; shapes checked.
+                       ignore: Optional[Callable[[str], bool]] = None, model_cls: type = Qwen3Moe,
+                       attention: Optional[Names] = None) -> Params:
+    """ember params (blocks as a list) from an HF Qwen3-MoE, dots1, Mixtral or DeepSeek-V3 state dict; shapes checked.
 
-    `ignore(name)` accepts tensors the model has no place for (dots1's zero-width shared experts).
+    `ignore(name)` accepts tensors the model has no place for (dots1's zero-width shared experts);
+    `model_cls` is the family's model and `attention` its `(ember, HF)` names inside a block, norms
+    included (default: Qwen3's attention, `_block_names`).
     """
-    unstacked = Qwen3Moe(c.replace(scan_layers=False)).param_shapes()
+    unstacked = model_cls(c.replace(scan_layers=False)).param_shapes()
     shapes = {p: tuple(t.shape) for p, t in pytree.tree_leaves_with_path(unstacked)}
     get = StateReader(state)
     params: Dict[str, Any] = {"wte": {"weight": get("model.embed_tokens.weight", shapes["wte.weight"])}, "blocks": []}
     for i in range(c.n_layers):
         h, block = f"model.layers.{i}.", {}
-        for e, n in _block_names(c):
+        for e, n in attention or _block_names(c):
             _put(block, e, get(h + n, shapes[f"blocks.{i}.{e}"]))
         if c.is_moe_layer(i):
             router = {"weight": get(h + "mlp.gate.weight", shapes[f"blocks.{i}.mlp.router.weight"])}
@@ -197,12 +201,13 @@ def moe_params_from_hf(state: Mapping[str, Tensor], c: Qwen3MoeConfig, *,
     return params
 
 
-def moe_params_to_hf(params: Params, c: Qwen3MoeConfig) -> Dict[str, Tensor]:
-    """The HF state dict (file layout: one tensor per expert, views of the stacked params) for ember params."""
+def moe_params_to_hf(params: Params, c: Qwen3MoeConfig, *, attention: Optional[Names] = None) -> Dict[str, Tensor]:
+    """The HF state dict (file layout: one tensor per expert, views of the stacked params) for ember params
+    (`attention` as in `moe_params_from_hf`)."""
     out = {"model.embed_tokens.weight": params["wte"]["weight"]}
     for i, block in enumerate(params["blocks"]):
         h, mlp = f"model.layers.{i}.", block["mlp"]
-        out.update({h + n: _node(block, e) for e, n in _block_names(c)})
+        out.update({h + n: _node(block, e) for e, n in attention or _block_names(c)})
         if not c.is_moe_layer(i):
             out.update({f"{h}mlp.{n}.weight": mlp[e]["weight"] for e, n in _SWIGLU})
             continue

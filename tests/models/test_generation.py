@@ -61,6 +61,21 @@ def test_the_decode_step_compiles_once_and_matches_the_uncached_loop():
     assert got.tolist() == got_again.tolist() == want.tolist()
 
 
+def test_latent_attention_caches_latents_compiles_once_and_matches_the_uncached_loop():
+    """DeepSeek-V3's cache holds each token's latent and shared rotary key (32 + 16 numbers a layer at the tiny
+    size, against 2 x 4 heads x 48 for per-head keys and values); the compiled decode step is one graph."""
+    model = build_model("deepseek_v3", "tiny", init_std=0.3)
+    params = model.init(random.key(0))
+    cache = init_cache(model, batch=2, slots=16)
+    assert {k: tuple(v.shape) for k, v in cache.items()} == {"latent": (3, 2, 1, 16, 32), "k_rope": (3, 2, 1, 16, 16)}
+    decoder = Decoder(model, backend="inductor")
+    prompt = random.randint(random.key(1), (2, 5), 0, 256)
+    got = decoder.generate(params, prompt, max_new_tokens=12, temperature=0.0)
+    assert decoder.decode.compile_count == 1 and decoder.prefill.compile_count == 1
+    want = generate(model.apply, params, prompt, max_new_tokens=12, temperature=0.0)
+    assert len(set(got[0, 5:].tolist())) > 3 and got.tolist() == want.tolist()
+
+
 def test_sampling_is_keyed_and_stops_at_stop_tokens():
     model = build_model("llama3", "tiny", init_std=0.3)
     params = model.init(random.key(0))

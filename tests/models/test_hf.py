@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from ember.core import pytree, random
 from ember.models import GPT2, GPT2Config, Llama3, Llama3Config
 from ember.models.hf import config_from_hf, config_to_hf, from_hf, params_from_hf, params_to_hf, to_hf
-from ember.models.layers import RopeScaling
+from ember.models.layers import RopeScaling, YarnScaling
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,8 +30,12 @@ LLAMA3_SCALING = {
     "original_max_position_embeddings": 16,
 }
 
+YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 8.0}
+"""YaRN (DeepSeek-V3, Qwen long context) with its attention factor on cos and sin (1.139 at factor 4)."""
+
 LLAMA_CASES = [  # (id, tie_word_embeddings, rope_scaling)
     ("untied-llama3rope", False, LLAMA3_SCALING),
+    ("untied-yarn", False, YARN_SCALING),
     ("tied-defaultrope", True, None),
 ]
 
@@ -155,7 +159,8 @@ def test_llama_logits_match_transformers(llama_case):
     got = model.apply(params, ids)
     assert _max_diff(got, _hf_logits(hf, ids)) < TOL
     if c.rope_scaling is not None:  # the scaling is not vacuous: without it the logits differ
-        assert c.rope_scaling == RopeScaling(factor=8.0, original_max_seq_len=16)
+        assert c.rope_scaling in (RopeScaling(factor=8.0, original_max_seq_len=16),
+                                  YarnScaling(factor=4.0, original_max_seq_len=16, beta_fast=8.0))
         plain = Llama3(c.replace(rope_scaling=None))
         assert _max_diff(plain.apply(params, ids), got) > 1e-3
 
@@ -258,7 +263,7 @@ def _copy(src, dst):
 
 ERROR_CASES = [  # (id, edit(cfg, state) -> (cfg, state), exception, match)
     ("unknown-architecture", lambda c, s: ({**c, "model_type": "madeup", "architectures": ["MadeUpForCausalLM"]}, s),
-     ValueError, r"'madeup' has no native ember family \(dots1 \(Dots1ForCausalLM\), gemma \(GemmaForCausalLM\), "
+     ValueError, r"'madeup' has no native ember family \(deepseek_v3 \(DeepseekV3ForCausalLM\), dots1 \(Dots1ForCausalLM\), gemma \(GemmaForCausalLM\), "
                  r"gpt2 \(GPT2LMHeadModel\), llama \(LlamaForCausalLM\), mistral \(MistralForCausalLM\), "
                  r"mixtral \(MixtralForCausalLM\), qwen2 \(Qwen2ForCausalLM\), qwen3 \(Qwen3ForCausalLM\) and qwen3_moe \(Qwen3MoeForCausalLM\) do\), "
                  r"and transformers could not load .* model type `madeup`"),
@@ -291,8 +296,8 @@ def test_llama_unsupported_settings():
     base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}
     with pytest.raises(ValueError, match=r"attention_bias=True.*attention_bias=False"):
         config_from_hf({**base, "attention_bias": True})
-    with pytest.raises(ValueError, match=r"rope type 'yarn' is not supported.*'default' and 'llama3'"):
-        config_from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match=r"rope type 'longrope' is not supported.*'default', 'llama3' .* and 'yarn'"):
+        config_from_hf({**base, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}})
     assert config_from_hf({**base, "head_dim": 32}).head_dim == 32  # a head width of its own (Qwen3, Gemma)
     with pytest.raises(ValueError, match=r"no field 'scan_layer'; did you mean 'scan_layers'"):
         config_from_hf(base, scan_layer=True)
@@ -304,7 +309,7 @@ def test_missing_files_and_bad_model(tmp_path):
     _rewrite(tmp_path, config=config_to_hf(GPT2Config(n_layers=1, d_model=32, n_heads=4, vocab_size=50)))
     with pytest.raises(ValueError, match=r"no model\.safetensors or model\.safetensors\.index\.json"):
         from_hf(tmp_path)
-    with pytest.raises(TypeError, match=r"to_hf exports ember Dots1, Gemma, GPT2, Llama3, Mistral, Mixtral, Qwen2, Qwen3 and Qwen3Moe models"):
+    with pytest.raises(TypeError, match=r"to_hf exports ember DeepseekV3, Dots1, Gemma, GPT2, Llama3, Mistral, Mixtral, Qwen2, Qwen3 and Qwen3Moe models"):
         to_hf(object(), {}, tmp_path)
     model = GPT2(GPT2Config(n_layers=1, d_model=32, n_heads=4, vocab_size=50, max_seq_len=8))
     params = model.init(random.key(0))

@@ -219,7 +219,7 @@ _BASE = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, 
 REFUSED = [  # (id, model_type, config.json entries transformers honours and ember does not, message)
     ("attention_dropout", "llama", {"attention_dropout": 0.1}, r"attention_dropout=0\.1.*Llama3 \(no attention dropout\)"),
     ("attention_dropout-gemma", "gemma", {"attention_dropout": 0.1}, r"attention_dropout=0\.1.*Gemma"),
-    ("rope-yarn", "qwen2", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, r"rope type 'yarn'"),
+    ("rope-dynamic", "qwen2", {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0}}, r"rope type 'dynamic'"),
     ("attention_bias", "llama", {"attention_bias": True}, r"attention_bias=True.*attention_bias=False"),
     ("attention_bias-qwen3", "qwen3", {"attention_bias": True}, r"attention_bias=True"),
     ("attention_bias-gemma", "gemma", {"attention_bias": True}, r"attention_bias=True"),

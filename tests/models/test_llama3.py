@@ -141,7 +141,7 @@ INVALID_CONFIGS = [
     (dict(n_kv_heads=3), ValueError, r"Llama3Config.n_kv_heads=3 does not divide Llama3Config.n_heads=32"),
     (dict(d_model=96, n_heads=32, n_kv_heads=8), ValueError, r"head_dim = 3 must be a positive even number.*d_model=96, n_heads=32 or attn_head_dim"),
     (dict(ffn_dim=0), ValueError, r"Llama3Config.ffn_dim must be positive"),
-    (dict(rope_scaling={"factor": 8}), TypeError, r"rope_scaling must be a RopeScaling or None"),
+    (dict(rope_scaling={"factor": 8}), TypeError, r"rope_scaling must be a RopeScaling, a YarnScaling or None"),
     (dict(n_kv_head=8), ValueError, r"no field 'n_kv_head'; did you mean 'n_kv_heads'"),
 ]
 

@@ -1,4 +1,4 @@
-"""Qwen3-MoE, dots1 and Mixtral folders in and out of ember, with transformers as the oracle.
+"""Qwen3-MoE, dots1, Mixtral and DeepSeek-V3 folders in and out of ember, with transformers as the oracle.
 
 Tiny random models (3 layers, d=48, 6 or 5 experts) saved locally in fp32, with transformers' eager
 attention and eager (per-expert loop) experts. Each case is checked on: logits (max abs diff < 1e-4)
@@ -6,8 +6,10 @@ and, for Qwen3-MoE and Mixtral, the pooled load-balancing loss (< 1e-5); the exp
 the folder transformers saved, reloaded with identical logits); greedy generation (token for
 token); and 5 AdamW steps from the same weights on the same batches (losses and params < 1e-4).
 The cases cover top-1 and top-k > 1, renormalised or not, an expert count that is not a power of
-two, interleaved dense layers, tied heads, and for dots1 group-limited routing, routed scaling, a
-nonzero correction bias and shared experts on and off.
+two, interleaved dense layers, tied heads, for dots1 and DeepSeek-V3 group-limited routing, routed
+scaling, a nonzero correction bias and shared experts on and off, and for DeepSeek-V3 latent attention
+with and without the queries' bottleneck, rotary rows interleaved (DeepSeek's files) and in halves, and
+YaRN with a softmax mscale.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from ember import optim
 from ember.core import TrainState, pytree, random
 from ember.core.step_fns import train_step
-from ember.models import Dots1, Mixtral, Qwen3Moe, lm_loss
+from ember.models import DeepseekV3, Dots1, Mixtral, Qwen3Moe, lm_loss
 from ember.models.generation import Decoder
 from ember.models.hf import from_hf, params_from_hf, to_hf
 from ember.models.layers.moe import router_losses
@@ -51,6 +53,15 @@ CASES = [  # (id, HF model_type, HF config entries, every layer MoE); 3 layers e
     ("mixtral-e6-top2-window16", "mixtral", dict(num_local_experts=6, num_experts_per_tok=2, sliding_window=16), True),
     ("mixtral-e5-top1-tied", "mixtral", dict(num_local_experts=5, num_experts_per_tok=1, tie_word_embeddings=True),
      True),
+    ("deepseek_v3-e6-top2-groups3-shared1-dense1-yarn", "deepseek_v3",
+     dict(n_routed_experts=6, num_experts_per_tok=2, n_group=3, topk_group=2, n_shared_experts=1,
+          first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=24, kv_lora_rank=20,
+          rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32,
+                               beta_fast=32.0, beta_slow=1.0, mscale=0.707, mscale_all_dim=1.0)), False),
+    ("deepseek_v3-e5-top3-noqrank-noshared-allmoe-tied-halves", "deepseek_v3",
+     dict(n_routed_experts=5, num_experts_per_tok=3, n_group=1, topk_group=1, n_shared_experts=0,
+          first_k_dense_replace=0, norm_topk_prob=False, q_lora_rank=None, kv_lora_rank=16,
+          tie_word_embeddings=True, rope_interleave=False), True),
 ]
 _ROUTED = ("qwen3_moe", "mixtral")  # the families whose transformers models return the auxiliary loss
 
@@ -69,6 +80,10 @@ def _hf_model(model_type: str, entries):
         # without q/k norms, weights of std 0.1 make greedy decoding repeat one token; 0.3 does not
         common = {**common, "intermediate_size": common.pop("moe_intermediate_size"), "initializer_range": 0.3}
         hf = transformers.MixtralForCausalLM(transformers.MixtralConfig(**common, router_aux_loss_coef=0.05, **entries))
+    elif model_type == "deepseek_v3":  # latent attention: a key and value per head, scores over 12 + 8 dims
+        common = {**common, "num_key_value_heads": 4, "qk_nope_head_dim": 12, "qk_rope_head_dim": 8, "v_head_dim": 10}
+        del common["head_dim"]  # transformers' rotary width is qk_rope_head_dim, which head_dim would override
+        hf = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**common, **entries))
     else:
         hf = transformers.Dots1ForCausalLM(transformers.Dots1Config(**common, **entries))
     with torch.no_grad():
@@ -97,7 +112,7 @@ def test_logits_and_aux_loss_match_transformers(case):
     """Measured: logits <= 2.4e-6; aux loss differences 0.0."""
     model_type, entries, _, hf, path = case
     model, params = from_hf(path)
-    assert type(model) is {"qwen3_moe": Qwen3Moe, "dots1": Dots1, "mixtral": Mixtral}[model_type]
+    assert type(model) is {"qwen3_moe": Qwen3Moe, "dots1": Dots1, "mixtral": Mixtral, "deepseek_v3": DeepseekV3}[model_type]
     ids = _ids(40)
     with torch.no_grad():
         out = hf(input_ids=ids, output_router_logits=True, use_cache=False)
@@ -197,3 +212,4 @@ def test_five_adamw_steps_match_transformers(case):
     assert max(param_diffs) < 10 * TOL and max(outliers) <= 5, (param_diffs, outliers)
     for i, bias in biases.items():  # moved by nothing (and compared with transformers' buffer above)
         assert torch.equal(state.params["blocks"][i]["mlp"]["router"]["expert_bias"], bias)
+

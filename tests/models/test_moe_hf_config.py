@@ -1,4 +1,4 @@
-"""Qwen3-MoE, dots1 and Mixtral config.json in ember: the keys read (released configs give the named architectures,
+"""Qwen3-MoE, dots1, Mixtral and DeepSeek-V3 config.json in ember: the keys read (released configs give the named architectures,
 missing keys read as transformers' defaults), the settings refused, exports of what only ember's configs
 say (first dense layers, no bias, no shared experts), and `--init_from` with such a folder."""
 
@@ -12,7 +12,7 @@ from ember.core.checkpoint import model_info
 from ember.launch import build
 from ember.launch.init_from import load_initial_params
 from ember.launch.run_config import parse_cli
-from ember.models import build_model, get_config, to_hf
+from ember.models import build_model, count_active_params, count_params, get_config, to_hf
 from ember.models.hf import config_from_hf, config_to_hf
 
 from test_hf import TOL, _hf_logits, _max_diff
@@ -48,6 +48,25 @@ MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json, its math entries
 MIXTRAL_8X22B = {**MIXTRAL_8X7B, "hidden_size": 6144, "intermediate_size": 16384, "max_position_embeddings": 65536,
                  "num_attention_heads": 48, "num_hidden_layers": 56, "router_aux_loss_coef": 0.001,
                  "vocab_size": 32768}  # mistralai/Mixtral-8x22B-v0.1
+DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 config.json, its math entries (and keys transformers ignores)
+    "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+    "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 2.5,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "scoring_func": "sigmoid", "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "v_head_dim": 128, "vocab_size": 129280,
+}
+KIMI_K2 = {**DEEPSEEK_V3, "first_k_dense_replace": 1, "max_position_embeddings": 131072, "n_group": 1,
+           "n_routed_experts": 384, "num_attention_heads": 64, "num_key_value_heads": 64, "rope_theta": 50000.0,
+           "routed_scaling_factor": 2.827, "topk_group": 1, "vocab_size": 163840,
+           "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "original_max_position_embeddings": 4096, "type": "yarn"}}
+"""moonshotai/Kimi-K2-Instruct (July 2025) config.json's math entries; its own model_type is "kimi_k2" (remote code)."""
 
 
 def test_released_configs_are_the_named_architectures():
@@ -56,6 +75,45 @@ def test_released_configs_are_the_named_architectures():
     assert config_from_hf(MIXTRAL_8X7B) == get_config("mixtral", "8x7b")
     assert config_from_hf(MIXTRAL_8X22B) == get_config("mixtral", "8x22b")
     assert config_from_hf({**QWEN3_30B_A3B, "num_experts": None, "num_local_experts": 128}).n_experts == 128  # 5.x
+    assert config_from_hf(DEEPSEEK_V3) == get_config("deepseek_v3", "671b-a37b")
+    assert config_from_hf(KIMI_K2) == get_config("deepseek_v3", "1t-a32b")
+
+
+def test_released_sizes_have_their_parameter_counts():
+    """Total and active parameters (multi-token-prediction layers excluded, as the model cards count them)."""
+    counts = {(f, a): (round(count_params(build_model(f, a)) / 1e9, 1), round(count_active_params(build_model(f, a)) / 1e9, 1))
+              for f, a in [("deepseek_v3", "671b-a37b"), ("deepseek_v3", "1t-a32b"), ("mixtral", "8x7b"),
+                           ("mixtral", "8x22b"), ("qwen3_moe", "30b-a3b"), ("qwen3_moe", "235b-a22b"),
+                           ("dots1", "142b-a14b")]}
+    assert counts == {("deepseek_v3", "671b-a37b"): (671.0, 37.6), ("deepseek_v3", "1t-a32b"): (1026.4, 32.9),
+                      ("mixtral", "8x7b"): (46.7, 12.9), ("mixtral", "8x22b"): (140.6, 39.2),
+                      ("qwen3_moe", "30b-a3b"): (30.5, 3.4), ("qwen3_moe", "235b-a22b"): (235.1, 22.2),
+                      ("dots1", "142b-a14b"): (142.8, 14.0)}
+
+
+def test_deepseek_v3_export_writes_what_transformers_reads_back():
+    hf = config_to_hf(get_config("deepseek_v3", "671b-a37b"))
+    theirs = transformers.DeepseekV3Config(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type")})
+    assert (theirs.kv_lora_rank, theirs.q_lora_rank, theirs.qk_head_dim, theirs.v_head_dim) == (512, 1536, 192, 128)
+    assert theirs.rope_parameters["rope_type"] == "yarn" and theirs.rope_parameters["factor"] == 40.0
+    assert config_from_hf(hf) == get_config("deepseek_v3", "671b-a37b")
+
+
+def test_yarn_frequencies_are_transformers():
+    """DeepSeek-V3's YaRN (and one with an attention factor from mscale alone), element for element."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ember.models.layers import RotaryEmbedding, rope_frequencies
+
+    for rope in (DEEPSEEK_V3["rope_scaling"], {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                              "mscale": 0.7}):
+        c = config_from_hf({**DEEPSEEK_V3, "rope_scaling": rope, "max_position_embeddings": 256})
+        hf = transformers.DeepseekV3Config(rope_parameters={**rope, "rope_type": "yarn", "rope_theta": 10000.0},
+                                           max_position_embeddings=256)
+        inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+        assert torch.equal(rope_frequencies(64, theta=10000.0, scaling=c.rope_scaling), inv_freq)
+        cos, _ = RotaryEmbedding(64, scaling=c.rope_scaling).cos_sin(torch.tensor([0]))
+        assert cos[0, 0].item() == pytest.approx(factor)
 
 
 _DOTS1_REQUIRED = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1}
@@ -88,7 +146,11 @@ REFUSED = [  # (id, model_type, config.json entries transformers honours and emb
     ("attention_bias", "qwen3_moe", {"attention_bias": True}, r"attention_bias=True.*attention_bias=False"),
     ("use_sliding_window", "qwen3_moe", {"use_sliding_window": True}, r"use_sliding_window=True"),
     ("attention_dropout", "qwen3_moe", {"attention_dropout": 0.1}, r"attention_dropout=0\.1.*Qwen3-MoE"),
-    ("rope-yarn", "qwen3_moe", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, r"rope type 'yarn'"),
+    ("rope-longrope", "qwen3_moe", {"rope_parameters": {"rope_type": "longrope", "factor": 4.0}},
+     r"rope type 'longrope'.*'default', 'llama3' .* and 'yarn'"),
+    ("rope-yarn-attention_factor", "qwen3_moe", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                                 "original_max_position_embeddings": 64, "attention_factor": 1.3}},
+     r"attention_factor=1\.3; ember derives it .*remove it"),
     ("no-experts", "qwen3_moe", {"num_experts": 0}, r"num_experts=0: every layer is dense.*model_type 'qwen3'"),
     ("expert-counts-disagree", "qwen3_moe", {"num_experts": 8, "num_local_experts": 4},
      r"expert count twice, differently: \{'num_local_experts': 4, 'num_experts': 8\}"),
@@ -106,6 +168,12 @@ REFUSED = [  # (id, model_type, config.json entries transformers honours and emb
     ("hidden_act-mixtral", "mixtral", {"hidden_act": "gelu"}, r"hidden_act='gelu'.*Mixtral \(SwiGLU experts\)"),
     ("router_jitter_noise-mixtral", "mixtral", {"router_jitter_noise": 0.1},
      r"router_jitter_noise=0\.1.*Mixtral \(a deterministic router, no jitter noise\) needs router_jitter_noise=0\.0"),
+    ("attention_bias-deepseek_v3", "deepseek_v3", {"num_key_value_heads": 4, "attention_bias": True},
+     r"attention_bias=True.*DeepSeek-V3 \(no attention biases\)"),
+    ("kv-heads-deepseek_v3", "deepseek_v3", {}, r"num_key_value_heads=2 and num_attention_heads=4; latent attention "
+                                                r"expands a key and value per head: set num_key_value_heads=4"),
+    ("odd-rope-deepseek_v3", "deepseek_v3", {"num_key_value_heads": 4, "qk_rope_head_dim": 7},
+     r"qk_rope_head_dim must be even"),
 ]
 
 
