@@ -1,4 +1,4 @@
-"""Worker for `test_moe_dtensor.py`: a tiny Qwen3-MoE on expert-parallel DTensor meshes over gloo.
+"""Worker for `test_moe_dtensor.py`: a tiny Qwen3-MoE (or DeepSeek-V3) on expert-parallel DTensor meshes over gloo.
 
     python tests/partition_specs/_moe_dtensor_worker.py --world 4 --meshes "ep=2,fsdp=2;ep=2,tp=2" --out DIR
 
@@ -27,9 +27,15 @@ MOE = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, attn_head_dim=8, 
            router_z_loss_coef=0.001)
 BATCH, SEQ, STEPS = 8, 16, 3
 CAPACITIES = {"dropless": None, "drops": 0.5}
+FAMILIES = {  # family -> what it changes in MOE
+    "qwen3_moe": {},
+    # latent attention (a key and value per head; the queries' bottleneck on), a dense first layer, 2 groups
+    "deepseek_v3": dict(n_kv_heads=4, attn_head_dim=None, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=8,
+                        qk_rope_head_dim=4, v_head_dim=6, first_dense_layers=1, n_expert_groups=2, topk_groups=1),
+}
 
 
-def setup(capacity_factor):
+def setup(capacity_factor, family="qwen3_moe"):
     """(model, tx, state, batches, loss_fn): the same on every process and in the single-device reference."""
     from ember import optim
     from ember.core import TrainState, random
@@ -38,7 +44,7 @@ def setup(capacity_factor):
     # dropless with DeepSeek-V3's sigmoid router and its expert bias (moved by the summed loads, so exact on a
     # mesh); the capacity that drops with softmax routing
     routing = dict(router="sigmoid", expert_bias=True, expert_bias_update_rate=0.01) if capacity_factor is None else {}
-    model = build_model("qwen3_moe", "tiny", **MOE, **routing, capacity_factor=capacity_factor)
+    model = build_model(family, "tiny", **{**MOE, **FAMILIES[family]}, **routing, capacity_factor=capacity_factor)
     # eps 1e-6: Adam divides by |g|, and an element whose gradient is ~0 would turn float noise of the
     # sharded sums (1e-9) into a whole learning-rate step (one element of 3072 moved by 2.6e-5 at 1e-8)
     tx = optim.chain(optim.clip_by_global_norm(1.0), optim.adamw(3e-3, eps=1e-6, weight_decay=0.1))
@@ -99,7 +105,7 @@ def _grouped_calls():
     return calls
 
 
-def _run_mesh(text: str, world: int, capacity, out: str, calls: list, grouped: list) -> dict:
+def _run_mesh(text: str, world: int, capacity, out: str, calls: list, grouped: list, family: str) -> dict:
     import torch.distributed as dist
 
     from ember.core.mesh import Mesh
@@ -107,7 +113,7 @@ def _run_mesh(text: str, world: int, capacity, out: str, calls: list, grouped: l
     from ember.core.pytree import tree_leaves_with_path
     from ember.core.step_fns import train_step
 
-    model, tx, state, batches, loss_fn = setup(capacity)
+    model, tx, state, batches, loss_fn = setup(capacity, family)
     mesh = Mesh.parse(text, devices=world, backend="dtensor").in_order(MESH_ORDER)
     sharding = Sharding(mesh, for_mesh(mesh.names))
     low = sharding.lowering
@@ -134,7 +140,7 @@ def _run_mesh(text: str, world: int, capacity, out: str, calls: list, grouped: l
     }
 
 
-def _worker(rank: int, world: int, out: str, meshes: list, capacities: list) -> None:
+def _worker(rank: int, world: int, out: str, meshes: list, capacities: list, family: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -148,7 +154,7 @@ def _worker(rank: int, world: int, out: str, meshes: list, capacities: list) -> 
                 capacity = CAPACITIES[name]
                 start = time.perf_counter()
                 try:
-                    results[f"{text}/{name}"] = _run_mesh(text, world, capacity, out, calls, grouped)
+                    results[f"{text}/{name}"] = _run_mesh(text, world, capacity, out, calls, grouped, family)
                 except Exception:  # report every mesh, not only the first failure
                     results[f"{text}/{name}"] = {"error": traceback.format_exc()[-4000:]}
                 results[f"{text}/{name}"]["wall_s"] = time.perf_counter() - start
@@ -166,14 +172,15 @@ def main(argv=None) -> None:
     p.add_argument("--meshes", required=True, help="';'-separated meshes, each using all --world ranks")
     p.add_argument("--out", required=True)
     p.add_argument("--capacities", default=",".join(CAPACITIES), help="','-separated names of CAPACITIES")
+    p.add_argument("--family", default="qwen3_moe", choices=sorted(FAMILIES))
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
 
     os.makedirs(args.out, exist_ok=True)
     meshes = [m for m in args.meshes.split(";") if m]
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
-    mp.start_processes(_worker, args=(args.world, args.out, meshes, args.capacities.split(",")), nprocs=args.world,
-                       start_method="spawn")
+    mp.start_processes(_worker, args=(args.world, args.out, meshes, args.capacities.split(","), args.family),
+                       nprocs=args.world, start_method="spawn")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 SPMD meshes with expert parallelism, each against the single-device eager reference.
 
     PJRT_DEVICE=CPU CPU_NUM_DEVICES=N XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_as_text" \\
-        python tests/partition_specs/_xla_moe_worker.py DIR MESH [MESH ...]
+        python tests/partition_specs/_xla_moe_worker.py [--family deepseek_v3] [--configs dropless] DIR MESH [MESH ...]
 
 Every mesh has size N (a torch_xla mesh covers all devices) and is laid out in `MESH_ORDER`, as
 the launchers lay it out. Two configs: dropless (`capacity_factor=None`) and one that drops
@@ -41,6 +41,12 @@ from ember.models import build_model, lm_loss
 MOE = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, attn_head_dim=8, ffn_dim=64, n_layers=2,
            max_seq_len=16, n_experts=8, experts_per_token=2, moe_ffn_dim=24, tie_embeddings=True)
 CONFIGS = {"dropless": None, "dropping": 0.5}
+FAMILIES = {  # family -> what it changes in MOE
+    "qwen3_moe": {},
+    # latent attention (a key and value per head; the queries' bottleneck on), a dense first layer, 2 groups
+    "deepseek_v3": dict(n_kv_heads=4, attn_head_dim=None, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=8,
+                        qk_rope_head_dim=4, v_head_dim=6, first_dense_layers=1, n_expert_groups=2, topk_groups=1),
+}
 STEPS, BATCH, SEQ = 4, 8, 12
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # A collective's result: one shape, or a tuple of shapes (XLA:CPU's all-to-all has one operand per peer).
@@ -69,8 +75,8 @@ def keep_grads() -> optim.GradientTransformation:
     return optim.GradientTransformation(lambda params: tree_zeros_like(params), lambda g, state, params=None: (g, g))
 
 
-def setup(capacity_factor):
-    model = build_model("qwen3_moe", "tiny", **MOE, capacity_factor=capacity_factor)
+def setup(capacity_factor, family="qwen3_moe"):
+    model = build_model(family, "tiny", **{**MOE, **FAMILIES[family]}, capacity_factor=capacity_factor)
     # SGD, not Adam: Adam divides by sqrt(v), so a weight whose gradient is ~0 can move by up to lr on a
     # 1e-7 difference in it; SGD keeps the parameter check as sharp as the gradient check.
     tx = optim.chain(keep_grads(), optim.sgd(0.1, momentum=0.9))
@@ -138,11 +144,20 @@ def run_mesh(text, dump, model, tx, state, batches, ref):
             "param_diff": _max_diff(final, ref["params"]), "collectives": hlo, "seconds": time.perf_counter() - t0}
 
 
-def main(dump, meshes):
+def main(argv):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--family", default="qwen3_moe", choices=sorted(FAMILIES))
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("dump")
+    p.add_argument("meshes", nargs="+")
+    args = p.parse_args(argv)
+    dump, meshes = args.dump, args.meshes
     enable_spmd()  # before any XLA tensor
     out = {}
-    for name, capacity_factor in CONFIGS.items():
-        model, tx, state, batches = setup(capacity_factor)
+    for name in args.configs.split(","):
+        model, tx, state, batches = setup(CONFIGS[name], args.family)
         ref = run_eager(model, tx, state, batches)
         out[name] = {"eager": {k: ref[k] for k in ("losses", "dropped", "max_load")}, "meshes": {}}
         for text in meshes:
@@ -151,4 +166,4 @@ def main(dump, meshes):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    main(sys.argv[1:])

@@ -6,7 +6,9 @@ and ep=2,tp=2 (4) and ep=4,fsdp=2 (8, the launcher's example), each against the 
 eager run of the same steps: dropless (`capacity_factor=None`) and dropping (0.5). The worker
 (`_xla_moe_worker.py`, one subprocess per device count, started together) also reads the
 collectives of the compiled step from XLA's HLO dump: the token exchange must be an all-to-all
-within each `ep` group, never an all-gather of the dispatch buffer (maxtext#4179's fallback).
+within each `ep` group, never an all-gather of the dispatch buffer (maxtext#4179's fallback). A fourth
+worker trains a tiny DeepSeek-V3 (latent attention, group-limited sigmoid routing) on fsdp=2,tp=2 and
+ep=2,tp=2 against its own eager run.
 """
 
 import importlib.util
@@ -33,11 +35,15 @@ TOL = 1e-5
 WORKER_TIMEOUT = 900  # seconds; each worker takes 25-50 s of CPU, several times that in wall time on a loaded machine
 
 
-def _run_worker(n, meshes, dump):
+def _run_worker(n, meshes, dump, *options):
     env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(n),
                XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=SyncTensorsGraph.*")
-    return subprocess.Popen([sys.executable, str(HERE / "_xla_moe_worker.py"), str(dump), *meshes], env=env,
+    return subprocess.Popen([sys.executable, str(HERE / "_xla_moe_worker.py"), *options, str(dump), *meshes], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+LATENT_MESHES = ["fsdp=2,tp=2", "ep=2,tp=2"]
+"""DeepSeek-V3's latent attention (heads split over tp) with its mixture, on 4 devices, dropless."""
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +51,17 @@ def runs(tmp_path_factory):
     if importlib.util.find_spec("torch_xla") is None:
         pytest.skip("torch_xla is not installed (pip install -e .[xla], or make install)")
     procs = {n: _run_worker(n, meshes, tmp_path_factory.mktemp(f"hlo{n}")) for n, meshes in MESHES.items()}
+    procs["deepseek_v3"] = _run_worker(4, LATENT_MESHES, tmp_path_factory.mktemp("hlo_latent"), "--family",
+                                       "deepseek_v3", "--configs", "dropless")
     out = {}
     try:
         for n, proc in procs.items():
             stdout, stderr = proc.communicate(timeout=WORKER_TIMEOUT)
-            assert proc.returncode == 0, f"worker on {n} devices failed (rc {proc.returncode}):\n{stderr[-4000:]}"
+            assert proc.returncode == 0, f"worker {n} failed (rc {proc.returncode}):\n{stderr[-4000:]}"
             result = json.loads(stdout.strip().splitlines()[-1])
+            if n == "deepseek_v3":
+                out["deepseek_v3"] = result["dropless"]
+                continue
             for config in CONFIGS:
                 out.setdefault(config, {"eager": result[config]["eager"], "meshes": {}})
                 out[config]["meshes"].update(result[config]["meshes"])
@@ -73,6 +84,16 @@ def test_dropless_step_matches_single_device(runs, mesh):
     assert run["grad_diff_first"] < TOL and run["grad_diff_last"] < TOL, (run["grad_diff_first"], run["grad_diff_last"])
     assert run["param_diff"] < TOL, f"params after {STEPS} steps differ by {run['param_diff']}"
     assert run["dropped"] == eager["dropped"] == [0.0] * STEPS
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", LATENT_MESHES)
+def test_latent_attention_step_matches_single_device(runs, mesh):
+    eager, run = runs["deepseek_v3"]["eager"], runs["deepseek_v3"]["meshes"][mesh]
+    assert run["losses"] == pytest.approx(eager["losses"], abs=TOL)
+    assert max(run["grad_diff_first"], run["grad_diff_last"], run["param_diff"]) < TOL
+    assert run["per_step_compiles"] == [1] + [0] * (STEPS - 1)
 
 
 @pytest.mark.xla
