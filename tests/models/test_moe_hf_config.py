@@ -277,3 +277,14 @@ def test_dots1_params_load_from_a_folder(tmp_path):
     to_hf(model, saved, tmp_path)
     params = load_initial_params(str(tmp_path), model, model_info=model_info("dots1", config))
     pytree.tree_map(lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0), params, saved)
+
+
+def test_deepseek_v3_params_load_from_a_folder(tmp_path):
+    """`--init_from` of a DeepSeek-V3 folder: interleaved rotary rows on disk, the same params back."""
+    config = get_config("deepseek_v3", "tiny")
+    model = build_model("deepseek_v3", config)
+    saved = pytree.tree_map_with_path(
+        lambda p, t: torch.randn_like(t) if p.endswith("expert_bias") else t, model.init(random.key(1)))
+    to_hf(model, saved, tmp_path)
+    params = load_initial_params(str(tmp_path), model, model_info=model_info("deepseek_v3", config))
+    pytree.tree_map(lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0), params, saved)
