@@ -3,10 +3,12 @@ and Gemma families, and the architecture registry.
 
 Each family is a folder read top to bottom: `llama3/model.py` (attention, MLP, block, model),
 `llama3/config.py` (config and named sizes), `llama3/hf.py` (Hugging Face mapping); `gpt2/` likewise.
-`qwen2/`, `qwen3/`, `mistral/` and `gemma/` reuse Llama's block and say what their configs change.
+`qwen2/`, `qwen3/`, `mistral/` and `gemma/` reuse Llama's block and say what their configs change;
+`moe_decoder/` is the decoder with mixture-of-experts layers that `qwen3_moe/`, `mixtral/`, `dots1/`
+and `deepseek_v3/` configure.
 
 Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `RMSNorm`, ...), `GPT2`,
-`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Qwen3Moe`, `Qwen3MoeConfig`, `Dots1`, `Dots1Config`, `Mixtral`, `MixtralConfig`, `DeepseekV3`, `DeepseekV3Config`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
+`GPT2Config`, `Llama3`, `Llama3Config`, `Qwen2`, `Qwen2Config`, `Qwen3`, `Qwen3Config`, `Qwen3Moe`, `Qwen3MoeConfig`, `Dots1`, `Dots1Config`, `Mixtral`, `MixtralConfig`, `DeepseekV3`, `DeepseekV3Config`, `MoEDecoder`, `MoEDecoderConfig`, `Gemma`, `GemmaConfig`, `Mistral`, `MistralConfig`, `ModelRegistry`, `register_family`, `family`, `arch`,
 `get_config`, `build_model`, `list_archs`, `list_families`, `replace_config`, `count_params`, `count_active_params`,
 `estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; `Decoder` (KV-cache generation,
 `ember.models.generation`); bridges `from_torch`,
@@ -61,6 +63,8 @@ from .mistral import Mistral as Mistral
 from .mistral import MistralConfig as MistralConfig
 from .mixtral import Mixtral as Mixtral
 from .mixtral import MixtralConfig as MixtralConfig
+from .moe_decoder import MoEDecoder as MoEDecoder
+from .moe_decoder import MoEDecoderConfig as MoEDecoderConfig
 from .objectives import check_lm_data as check_lm_data
 from .objectives import lm_loss as lm_loss
 from .qwen2 import Qwen2 as Qwen2
@@ -102,6 +106,8 @@ __all__ = [
     "MemoryEstimate",
     "Mistral",
     "MistralConfig",
+    "MoEDecoder",
+    "MoEDecoderConfig",
     "ModelRegistry",
     "Qwen2",
     "Qwen2Config",

@@ -3,7 +3,7 @@
 Public names: `DeepseekV3Config`, `build_deepseek_v3`; architectures
 `deepseek_v3/{tiny,671b-a37b,1t-a32b}` (registered with `ember.models.arch` when this module is imported).
 
-The routing fields are the generic MoE decoder's (`Qwen3MoeConfig`, as dots1 sets them: sigmoid
+The routing fields are the generic MoE decoder's (`MoEDecoderConfig`, as dots1 sets them: sigmoid
 scores with a correction bias, group-limited top-k, routed scaling, shared experts, leading dense
 layers); the attention is multi-head latent attention (`ember.models.layers.LatentAttention`),
 whose widths are the five fields below. `n_kv_heads` equals `n_heads` (each head expands its own
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 from .. import _checks as checks
 from ..layers import RopeScaling, YarnScaling
-from ..qwen3_moe.config import Qwen3MoeConfig
+from ..moe_decoder.config import MoEDecoderConfig
 from ..registry import arch, register_family
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ _YARN_V3 = YarnScaling(factor=40.0, original_max_seq_len=4096, beta_fast=32.0, b
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepseekV3Config(Qwen3MoeConfig):
+class DeepseekV3Config(MoEDecoderConfig):
     """DeepSeek-V3 hyperparameters; defaults are DeepSeek-V3 (671B params, 37B active)."""
 
     vocab_size: int = 129280

@@ -33,7 +33,7 @@ from torch import Tensor
 from ...core.types import Params
 from ..hf import HFAdapter, register_hf_adapter, require_hf_value
 from ..llama3.hf import llama_fields_from_hf, llama_fields_to_hf
-from ..qwen3_moe.hf import Names, hf_expert_count, moe_params_from_hf, moe_params_to_hf
+from ..moe_decoder.hf import Names, hf_expert_count, moe_params_from_hf, moe_params_to_hf
 from ..registry import replace_config
 from .config import DeepseekV3Config
 from .model import DeepseekV3

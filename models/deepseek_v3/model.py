@@ -3,7 +3,7 @@ DeepSeek's mixture of experts.
 
 Public names: `DeepseekV3`.
 
-The decoder is the generic MoE decoder (`ember.models.qwen3_moe.Qwen3Moe`: pre-norm blocks whose
+The decoder is the generic MoE decoder (`ember.models.moe_decoder.MoEDecoder`: pre-norm blocks whose
 feed-forward layer is `ember.models.layers.MoE` after the first `first_dense_layers`, the router
 stats carried through the blocks); the routing is dots1's (sigmoid scores picked with a correction
 bias in groups, renormalised, times `routed_scaling_factor`, plus shared experts). What differs is
@@ -35,14 +35,14 @@ from typing import Dict, Tuple
 
 from ..layers import LatentAttention, Module
 from ..layers import initializers as inits
-from ..qwen3_moe.model import Qwen3Moe
+from ..moe_decoder.model import MoEDecoder
 from .config import DeepseekV3Config
 
 __all__ = ["DeepseekV3"]
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepseekV3(Qwen3Moe):
+class DeepseekV3(MoEDecoder):
     """The DeepSeek-V3 language model: `apply(params, tokens) -> logits` (see `Llama3` for the arguments).
 
     Attributes:

@@ -3,7 +3,8 @@
 Public names: `Dots1Config`, `build_dots1`; architectures `dots1/{tiny,142b-a14b}` (registered with
 `ember.models.arch` when this module is imported).
 
-The fields are `Qwen3MoeConfig`'s; what dots.llm1 sets is the routing (DeepSeek-V3's: sigmoid
+The fields are the generic MoE decoder's (`MoEDecoderConfig`); what dots.llm1 sets is Qwen3's attention
+and the routing (DeepSeek-V3's: sigmoid
 scores picked with a correction bias, renormalised, times `routed_scaling_factor`), shared experts
 and a first dense layer. transformers' Dots1 has no auxiliary loss, so `router_aux_loss_coef` is 0:
 the released model balanced its experts by moving the bias (`expert_bias_update_rate`, DeepSeek-V3:
@@ -21,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional
 
-from ..qwen3_moe.config import Qwen3MoeConfig
+from ..moe_decoder.config import MoEDecoderConfig
 from ..registry import arch, register_family
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ __all__ = ["Dots1Config", "build_dots1"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Dots1Config(Qwen3MoeConfig):
+class Dots1Config(MoEDecoderConfig):
     """dots.llm1 hyperparameters; defaults are dots.llm1 (142B params, 14B active)."""
 
     vocab_size: int = 152064
@@ -44,6 +45,7 @@ class Dots1Config(Qwen3MoeConfig):
     norm_eps: float = 1e-5
     rope_theta: float = 10000000.0
     attn_head_dim: Optional[int] = 128
+    qk_norm: bool = True
     n_experts: int = 128
     experts_per_token: int = 6
     moe_ffn_dim: int = 1408

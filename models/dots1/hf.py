@@ -1,7 +1,7 @@
 """dots1 <-> Hugging Face `Dots1ForCausalLM`: config keys and tensor names, both directions.
 
 Registers the `"dots1"` adapter of `ember.models.hf`. The tensors are named as in
-`ember.models.qwen3_moe.hf` (one tensor per expert on disk), with the router's correction bias
+`ember.models.moe_decoder.hf` (one tensor per expert on disk), with the router's correction bias
 `model.layers.{i}.mlp.gate.e_score_correction_bias` as `router.expert_bias` (transformers keeps it
 as a buffer: its optimizer never moves it) and the shared experts `mlp.shared_experts.*_proj` as
 `mlp.shared.*`. transformers always builds both: a config without shared experts or without a
@@ -30,7 +30,8 @@ from ...core.types import Params
 from ..deepseek_v3.hf import deepseek_moe_params_from_hf, deepseek_moe_params_to_hf
 from ..hf import HFAdapter, register_hf_adapter, require_hf_value
 from ..llama3.hf import llama_fields_from_hf, llama_fields_to_hf, require_full_attention
-from ..qwen3_moe.hf import check_llama_attention, hf_expert_count
+from ..moe_decoder.hf import hf_expert_count
+from ..qwen3_moe.hf import check_llama_attention
 from ..registry import replace_config
 from .config import Dots1Config
 from .model import Dots1

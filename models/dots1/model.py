@@ -2,7 +2,7 @@
 
 Public names: `Dots1`.
 
-The model is `ember.models.qwen3_moe.Qwen3Moe` (read there); its config (`config.py`) picks the
+The model is the generic MoE decoder (`ember.models.moe_decoder.MoEDecoder`, read there); its config (`config.py`) picks the
 sigmoid router: each expert scores `sigmoid(w_e . x)`, a token takes the k best of `score + bias`
 (the correction bias, `router.expert_bias`, selects but does not weight), and its weights are the
 picked scores renormalised to sum to one, times `routed_scaling_factor`. Every token also goes
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..qwen3_moe.model import Qwen3Moe
+from ..moe_decoder.model import MoEDecoder
 from .config import Dots1Config
 
 __all__ = ["Dots1"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Dots1(Qwen3Moe):
+class Dots1(MoEDecoder):
     """The dots.llm1 language model: `apply(params, tokens) -> logits` (see `Llama3` for the arguments).
 
     Attributes:

@@ -3,7 +3,7 @@
 Public names: `MixtralConfig`, `build_mixtral`; architectures `mixtral/{tiny,8x7b,8x22b}` (registered
 with `ember.models.arch` when this module is imported).
 
-The fields are `Qwen3MoeConfig`'s; what Mixtral sets is Mistral's attention (no q/k norms), every
+The fields are the generic MoE decoder's (`MoEDecoderConfig`); what Mixtral sets is Mistral's attention (no q/k norms), every
 layer a mixture of 8 experts, and softmax top-2 routing renormalised over the two picked.
 
 Example:
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional
 
-from ..qwen3_moe.config import Qwen3MoeConfig
+from ..moe_decoder.config import MoEDecoderConfig
 from ..registry import arch, register_family
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ __all__ = ["MixtralConfig", "build_mixtral"]
 
 
 @dataclasses.dataclass(frozen=True)
-class MixtralConfig(Qwen3MoeConfig):
+class MixtralConfig(MoEDecoderConfig):
     """Mixtral hyperparameters; defaults are Mixtral-8x7B (46.7B params, 12.9B active)."""
 
     vocab_size: int = 32000

@@ -1,7 +1,7 @@
 """Mixtral <-> Hugging Face `MixtralForCausalLM`: config keys and tensor names, both directions.
 
 Registers the `"mixtral"` adapter of `ember.models.hf`. Attention, norms and embeddings are named as
-in `ember.models.llama3.hf`; the mixture of block i as in `ember.models.qwen3_moe.hf`, under Mixtral's
+in `ember.models.llama3.hf`; the mixture of block i as in `ember.models.moe_decoder.hf`, under Mixtral's
 file names:
 
     mlp.router.weight (E, d)    <- model.layers.i.block_sparse_moe.gate.weight
@@ -30,7 +30,7 @@ from torch import Tensor
 from ...core.types import Params
 from ..hf import HFAdapter, register_hf_adapter, require_hf_value
 from ..llama3.hf import llama_fields_from_hf, llama_fields_to_hf
-from ..qwen3_moe.hf import hf_expert_count, moe_params_from_hf, moe_params_to_hf
+from ..moe_decoder.hf import hf_expert_count, moe_params_from_hf, moe_params_to_hf
 from ..registry import replace_config
 from .config import MixtralConfig
 from .model import Mixtral

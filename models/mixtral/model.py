@@ -2,7 +2,7 @@
 
 Public names: `Mixtral`.
 
-The model is `ember.models.qwen3_moe.Qwen3Moe` (read there); its config (`config.py`) drops the q/k
+The model is the generic MoE decoder (`ember.models.moe_decoder.MoEDecoder`, read there); its config (`config.py`) drops the q/k
 norms and makes every layer a mixture: each token takes the 2 best of 8 experts by softmax score, its
 weights renormalised over the two.
 
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..qwen3_moe.model import Qwen3Moe
+from ..moe_decoder.model import MoEDecoder
 from .config import MixtralConfig
 
 __all__ = ["Mixtral"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Mixtral(Qwen3Moe):
+class Mixtral(MoEDecoder):
     """The Mixtral language model: `apply(params, tokens) -> logits` (see `Llama3` for the arguments).
 
     Attributes:

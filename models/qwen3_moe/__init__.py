@@ -1,7 +1,8 @@
-"""The Qwen3-MoE family: `model.py` (the MoE block over Qwen3's), `config.py` (config and named sizes), `hf.py`.
+"""The Qwen3-MoE family: `model.py`, `config.py` (config and named sizes), `hf.py`.
 
-Public names: `MoEBlock`, `Qwen3Moe`, `Qwen3MoeConfig`, `build_qwen3_moe`.
+Public names: `Qwen3Moe`, `Qwen3MoeConfig`, `build_qwen3_moe`.
 
+Qwen3's attention on the generic MoE decoder (`ember.models.moe_decoder`), softmax top-k routing.
 Importing this package registers the family `"qwen3_moe"`, its architectures (`tiny`, `30b-a3b`,
 `235b-a22b`) and its Hugging Face adapter (`model_type` "qwen3_moe").
 """
@@ -9,7 +10,6 @@ Importing this package registers the family `"qwen3_moe"`, its architectures (`t
 from . import hf as hf
 from .config import Qwen3MoeConfig as Qwen3MoeConfig
 from .config import build_qwen3_moe as build_qwen3_moe
-from .model import MoEBlock as MoEBlock
 from .model import Qwen3Moe as Qwen3Moe
 
-__all__ = ["MoEBlock", "Qwen3Moe", "Qwen3MoeConfig", "build_qwen3_moe"]
+__all__ = ["Qwen3Moe", "Qwen3MoeConfig", "build_qwen3_moe"]
