@@ -7,14 +7,15 @@ experts run one of two ways, both with static shapes:
 
 - grouped (dropless; one device, or DTensor data, FSDP and tensor parallelism): the (token, expert)
   pairs as rows sorted by expert and three grouped matmuls over each expert's rows (`moe_grouped.py`):
-  no slot is computed for nothing.
+  no slot is computed for nothing. Under `ep` on DTensor the tokens travel in the padded buffer
+  below, and each process computes only the filled slots of its experts the same way.
 - padded: the tokens go into a `(G, E, C, d)` buffer (`moe_dispatch.py`, one group per sequence,
   `C` slots per expert: `S` when dropless, fewer with a `capacity_factor`), every expert runs its
   SwiGLU on its slots as one batched matmul over stacked weights, and the outputs come back weighted.
   Under expert parallelism the buffer is constrained from split-by-group (`"batch"`, whose mesh
   axes include `ep`) to split-by-expert (`"expert"` on `ep`): DTensor and GSPMD both lower that
-  resharding to an all-to-all, and back. Dropless runs padded under `ep`, on torch_xla and where
-  the grouped kernel cannot run (`ember.core.compat.grouped_mm`).
+  resharding to an all-to-all, and back. Dropless runs padded on torch_xla and where the grouped
+  kernel cannot run (`ember.core.compat.grouped_mm`).
 
 Parameters (`E` experts, width `d`, expert width `I`; the routed experts' weights are stacked):
 
@@ -46,7 +47,7 @@ from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from . import initializers as inits
 from .moe_dispatch import assign_slots, combine, dispatch, expert_capacity
-from .moe_grouped import grouped_experts, grouped_experts_on_shards, sort_pairs
+from .moe_grouped import grouped_experts, grouped_experts_on_shards, grouped_slots_on_shards, sort_pairs
 from .moe_router import Router, bias_signal
 from .module import Module
 from .param import Param
@@ -195,7 +196,8 @@ class MoE(Module):
             slots = assign_slots(routing.indices.view(B, T, k), E, C, valid)
             buffer = constrain(dispatch(x, slots, E, C), _BUFFER_BY_GROUP)  # (B, E, C, d)
             buffer = constrain(buffer, _BUFFER_BY_EXPERT)  # the all-to-all under expert parallelism
-            out = constrain(self._experts(params, buffer), _BUFFER_BY_EXPERT)  # (B, E, C, d)
+            out = self._grouped_slots(params, buffer, slots.counts, sharding) if capacity_factor is None else None
+            out = constrain(self._experts(params, buffer) if out is None else out, _BUFFER_BY_EXPERT)  # (B, E, C, d)
             out = constrain(out, _BUFFER_BY_GROUP)  # and back
             y = combine(out, slots, routing.weights.view(B, T, k)).to(x.dtype)  # (B, T, d)
             load, dropped = slots.counts.sum(0), slots.dropped
@@ -207,7 +209,8 @@ class MoE(Module):
                  sharding: Any) -> Optional[Tuple[Tensor, Tensor]]:
         """`(y (B, T, d), load (E,))` of dropless routing as sorted pairs and grouped matmuls; None where
         it does not run: not asked for, the kernel cannot, torch_xla, or a mesh with `ep` (the padded
-        buffer is the exchange) or a layout other than data, fully sharded and tensor parallelism."""
+        buffer is the exchange; `_grouped_slots` computes its filled slots) or a layout other than data,
+        fully sharded and tensor parallelism."""
         B, T, d = x.shape
         if self.dropless != "grouped" or not grouped_mm_runs(x.dtype, x.device.type, d, self.hidden):
             return None
@@ -225,6 +228,17 @@ class MoE(Module):
         else:
             return None
         return y.view(B, T, d).to(x.dtype), load
+
+    def _grouped_slots(self, params: Params, buffer: Tensor, counts: Tensor, sharding: Any) -> Optional[Tensor]:
+        """The filled slots of the experts each process holds under `ep` on DTensor, as grouped matmuls
+        (`grouped_slots_on_shards`); None where that does not run (then every slot is computed)."""
+        d = buffer.shape[-1]
+        if (self.dropless != "grouped" or sharding is None or sharding.mesh.backend != "dtensor"
+                or not grouped_mm_runs(buffer.dtype, buffer.device.type, d, self.hidden)):
+            return None
+        counts = constrain(counts, _BUFFER_BY_EXPERT[:2])  # (G, E): where the buffer's slots are
+        return grouped_slots_on_shards(params, buffer, counts, grouped_mm_row_alignment(buffer.dtype,
+                                                                                       buffer.device.type))
 
     def _experts(self, params: Params, buffer: Tensor) -> Tensor:
         """Every expert's SwiGLU on its slots. Args: buffer: (G, E, C, d). Returns: (G, E, C, d)."""

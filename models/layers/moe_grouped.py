@@ -1,6 +1,7 @@
 """Dropless experts as sorted pairs and a grouped GEMM: tokens -> rows sorted by expert -> tokens.
 
-Public names: `SortedPairs`, `sort_pairs`, `grouped_experts`, `grouped_experts_on_shards`.
+Public names: `SortedPairs`, `sort_pairs`, `grouped_experts`, `grouped_experts_on_shards`, `grouped_slots`,
+`grouped_slots_on_shards`.
 
 Every (token, choice) pair becomes one row; a stable sort orders the rows by expert, and each expert's
 rows are padded to `align` rows (the kernel's alignment: 1 on the CPU). The experts then run as three
@@ -14,6 +15,10 @@ tokens it holds: with the expert weights whole (data parallelism, FSDP after its
 is its tokens' shard, and with them split by `"mlp"` over `tp` (tokens whole there) it is a partial
 sum that the next layer reduces, as a tensor-parallel SwiGLU's is.
 
+Under `ep` the tokens still travel in the padded buffer of the all-to-all (`moe_dispatch.py`); each
+process then computes only the filled slots of the experts it holds (`grouped_slots_on_shards`): the
+slots sorted by expert, empty ones last, and the same three grouped matmuls.
+
 Example:
     >>> import torch
     >>> p = sort_pairs(torch.tensor([[1], [0], [1]]), n_experts=2)  # (N=3, k=1)
@@ -23,7 +28,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +38,8 @@ from ...core.compat.grouped_mm import grouped_mm
 from ...core.remat_policies import checkpoint_name
 from ...core.types import Params
 
-__all__ = ["SortedPairs", "grouped_experts", "grouped_experts_on_shards", "sort_pairs"]
+__all__ = ["SortedPairs", "grouped_experts", "grouped_experts_on_shards", "grouped_slots", "grouped_slots_on_shards",
+           "sort_pairs"]
 
 
 class SortedPairs(NamedTuple):
@@ -104,6 +110,61 @@ def grouped_experts(params: Params, x: Tensor, pairs: SortedPairs, weights: Tens
     return (per_pair * weights.unsqueeze(-1).to(per_pair.dtype)).sum(1)
 
 
+def grouped_slots(params: Params, buffer: Tensor, counts: Tensor, align: int = 1) -> Tensor:
+    """Every expert's SwiGLU on the filled slots of a padded buffer, as grouped matmuls: the slots of
+    expert parallelism's exchange, computed without the empty ones.
+
+    Args:
+        params: `gate`, `up` (E, I, d) and `down` (E, d, I).
+        buffer: (G, E, C, d); slot c of (g, e) is filled when c < counts[g, e].
+        counts: (G, E) pairs routed to each expert and group.
+        align: the kernel's row alignment.
+
+    Returns:
+        (G, E, C, d), zeros in the empty slots.
+    """
+    G, E, C, d = buffer.shape
+    rows = buffer.transpose(0, 1).reshape(E * G * C, d)  # expert-major: each expert's slots of every group
+    expert = torch.arange(E, device=buffer.device).repeat_interleave(G * C)
+    slot = torch.arange(C, device=buffer.device)
+    filled = (slot < counts.t().reshape(E * G, 1)).reshape(E * G * C)
+    pairs = sort_pairs(expert[:, None], E, filled, align)
+    y = grouped_experts(params, rows, pairs, torch.ones(E * G * C, 1, dtype=rows.dtype, device=rows.device))
+    return y.view(E, G, C, d).transpose(0, 1)
+
+
+def _local_plan(x: Any, routed: List[Any], experts: List[Any], expert_dim: Optional[int]) -> Optional[Tuple]:
+    """How each mesh dimension of the DTensor `x` (tokens, or a buffer whose `expert_dim` splits by expert)
+    maps to a local computation: `(out, grad_x, grad_w, counts)` placements (grad_w None: the weight's own);
+    None where the layout does not allow one."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    mlp_dims = (1, 1, 2)  # where "mlp" is in gate, up (E, I, d) and down (E, d, I)
+    out, grad_x, grad_w, counts = [], [], [], []
+    for dim, here in enumerate(x.placements):
+        held = [w.placements[dim] for w in experts]
+        if any(t.placements[dim] != here for t in routed):
+            return None
+        if here in (Replicate(), Shard(0)) and all(p == Replicate() for p in held):  # whole weights
+            plan = (here, here, Partial() if here == Shard(0) else Replicate(), Partial() if here == Shard(0)
+                    else Replicate())
+        elif here == Replicate() and all(p == Shard(m) for p, m in zip(held, mlp_dims)):  # tensor parallel
+            plan = (Partial(), Partial(), None, Replicate())
+        elif expert_dim is not None and here == Shard(expert_dim) and all(p == Shard(0) for p in held):  # ep
+            plan = (here, here, None, Shard(0))
+        else:
+            return None
+        for placements, p in zip((out, grad_x, grad_w, counts), plan):
+            placements.append(p)
+    return out, grad_x, grad_w, counts
+
+
+def _local_weights(params: Params, grad_w: List[Any]) -> Dict[str, Tensor]:
+    return {name: params[name].to_local(grad_placements=[h if g is None else g
+                                                          for g, h in zip(grad_w, params[name].placements)])
+            for name in ("gate", "up", "down")}
+
+
 def grouped_experts_on_shards(params: Params, x: Tensor, indices: Tensor, weights: Tensor, valid: Optional[Tensor],
                               n_experts: int, align: int) -> Optional[Tuple[Tensor, Tensor]]:
     """`grouped_experts` of DTensors, each process on the tokens it holds; None where the layout does not
@@ -117,34 +178,41 @@ def grouped_experts_on_shards(params: Params, x: Tensor, indices: Tensor, weight
     Returns:
         `(y (N, d), counts (E,))`: the output and the routed pairs of real tokens per expert.
     """
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor import DTensor
 
     experts = [params["gate"], params["up"], params["down"]]
     routed = [indices, weights] + ([] if valid is None else [valid])  # laid out as the tokens
     if not all(isinstance(t, DTensor) for t in [x, *routed, *experts]):
         return None
-    mesh, mlp_dims = x.device_mesh, (1, 1, 2)  # where "mlp" is in gate, up (E, I, d) and down (E, d, I)
-    out, grad_x, grad_w, counts = [], [], [], []
-    for dim, here in enumerate(x.placements):
-        held = [w.placements[dim] for w in experts]
-        if here not in (Replicate(), Shard(0)) or any(t.placements[dim] != here for t in routed):
-            return None
-        if all(p == Replicate() for p in held):  # whole weights: the tokens' split carries through
-            out.append(here)
-            grad_x.append(here)
-            grad_w.append(Partial() if here == Shard(0) else Replicate())
-            counts.append(Partial() if here == Shard(0) else Replicate())
-        elif here == Replicate() and all(p == Shard(m) for p, m in zip(held, mlp_dims)):  # tensor parallel
-            out.append(Partial())
-            grad_x.append(Partial())
-            grad_w.append(None)
-            counts.append(Replicate())
-        else:
-            return None
-    local_weights = {name: w.to_local(grad_placements=[h if g is None else g for g, h in zip(grad_w, w.placements)])
-                     for name, w in zip(("gate", "up", "down"), experts)}
-    local_x = x.to_local(grad_placements=grad_x)
+    plan = _local_plan(x, routed, experts, expert_dim=None)
+    if plan is None:
+        return None
+    out, grad_x, grad_w, counts = plan
     pairs = sort_pairs(indices.to_local(), n_experts, None if valid is None else valid.to_local(), align)
-    y = grouped_experts(local_weights, local_x, pairs, weights.to_local(grad_placements=grad_x))
-    return (DTensor.from_local(y, mesh, out, run_check=False),
-            DTensor.from_local(pairs.counts, mesh, counts, run_check=False))
+    y = grouped_experts(_local_weights(params, grad_w), x.to_local(grad_placements=grad_x), pairs,
+                        weights.to_local(grad_placements=grad_x))
+    return (DTensor.from_local(y, x.device_mesh, out, run_check=False),
+            DTensor.from_local(pairs.counts, x.device_mesh, counts, run_check=False))
+
+
+def grouped_slots_on_shards(params: Params, buffer: Tensor, counts: Tensor, align: int) -> Optional[Tensor]:
+    """`grouped_slots` of DTensors: each process computes the filled slots of the experts it holds (the
+    buffer split by expert over `ep`, by group over the other batch axes). None where the layout does
+    not allow it.
+
+    Args:
+        params: `gate`, `up`, `down` as the compute rules lay them out.
+        buffer: (G, E, C, d); `counts`: (G, E), laid out as the buffer's first two dimensions.
+    """
+    from torch.distributed.tensor import DTensor
+
+    experts = [params["gate"], params["up"], params["down"]]
+    if not all(isinstance(t, DTensor) for t in [buffer, counts, *experts]):
+        return None
+    plan = _local_plan(buffer, [counts], experts, expert_dim=1)
+    if plan is None:
+        return None
+    out, grad_x, grad_w, _ = plan
+    y = grouped_slots(_local_weights(params, grad_w), buffer.to_local(grad_placements=grad_x), counts.to_local(),
+                      align)
+    return DTensor.from_local(y, buffer.device_mesh, out, run_check=False)

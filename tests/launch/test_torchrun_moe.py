@@ -1,7 +1,8 @@
 """`launch/train.py --config qwen3_moe_tiny` under torchrun with expert parallelism, compiled by Inductor
 over gloo, against the same run in one process: two steps on `ep=2,fsdp=2`, then its checkpoint resumes
-on `ep=2,tp=2` (experts resharded from their model dim to their hidden dim) for the last two; and two steps
-on `fsdp=2,tp=2`, where the dropless experts run grouped."""
+on `ep=2,tp=2` (experts resharded from their model dim to their hidden dim) for the last two, each process
+computing its experts' filled slots with grouped matmuls; and two steps on `fsdp=2,tp=2`, where the dropless
+experts run grouped on the tokens each process holds."""
 
 import importlib.util
 import os

@@ -98,3 +98,19 @@ def test_widths_the_kernel_cannot_take_run_padded_with_the_same_result():
 def test_an_unknown_dropless_kind_is_refused_with_the_choices():
     with pytest.raises(ValueError, match=r"MoE.dropless must be one of \('grouped', 'padded'\), got 'sorted'"):
         MoE(Router(D, E, 2), I, dropless="sorted").init(random.key(0))
+
+
+def test_grouped_slots_compute_the_filled_slots_and_leave_the_empty_ones_zero():
+    """Expert parallelism's exchanged buffer: each expert's filled slots (a prefix per group) as grouped rows."""
+    from ember.models.layers.moe_grouped import grouped_slots
+
+    torch.manual_seed(0)
+    G, E, C, d, I = 3, 4, 5, 16, 8
+    params = {"gate": torch.randn(E, I, d), "up": torch.randn(E, I, d), "down": torch.randn(E, d, I)}
+    counts = torch.tensor([[5., 0., 2., 7.], [1., 3., 0., 0.], [4., 4., 4., 1.]])  # 7 > C: full
+    buffer = torch.randn(G, E, C, d)
+    filled = (torch.arange(C) < counts[..., None]).unsqueeze(-1)  # (G, E, C, 1)
+    got = grouped_slots(params, buffer, counts)
+    gate, up = (torch.einsum("gecd,eid->geci", buffer, params[w]) for w in ("gate", "up"))
+    want = torch.einsum("geci,edi->gecd", torch.nn.functional.silu(gate) * up, params["down"])
+    torch.testing.assert_close(got, torch.where(filled, want, torch.zeros(())), rtol=1e-5, atol=1e-5)

@@ -5,6 +5,8 @@ the step moves by the summed loads) and with one that drops about half the (toke
 final parameters must equal the single-device run's (float32 sums in another order: 1e-5), the
 dropped fraction must be the same, each device must hold only its experts, and the token exchange
 must be DTensor's Shard -> Shard all-to-all over `ep` (twice per MoE layer forward, twice backward).
+Dropless, each process computes only the filled slots of its experts with grouped matmuls, where the
+kernel runs (`grouped_slots_on_shards`).
 The compiled launcher under torchrun is `tests/launch/test_torchrun.py`'s.
 """
 
@@ -20,6 +22,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _moe_dtensor_worker as W  # noqa: E402
+
+from ember.core.compat.grouped_mm import grouped_mm_runs  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("moe_dtensor")  # one worker runs the module: its shared fixture runs once
 
@@ -101,8 +105,14 @@ def test_each_device_holds_only_its_experts(runs, key):
 @pytest.mark.slow
 @pytest.mark.parametrize("key", RUNS)
 def test_tokens_move_by_all_to_all_over_ep(runs, key):
-    """Per step and MoE layer: to the experts and back in the forward, and both again in the backward."""
-    calls = _ok(runs, key)["alltoall_per_step"]
-    assert len(calls) == 4 * W.MOE["n_layers"], calls
+    """Per step and MoE layer: to the experts and back in the forward, and both again in the backward; where
+    the grouped kernel runs (dropless), each layer's slot counts (G, E) travel with the buffer once."""
+    res = _ok(runs, key)
+    calls, layers = res["alltoall_per_step"], W.MOE["n_layers"]
+    buffer, counts = [c for c in calls if len(c[3]) == 4], [c for c in calls if len(c[3]) == 2]
+    assert len(buffer) == 4 * layers and len(buffer) + len(counts) == len(calls), calls
     assert {c[0] for c in calls} == {"ep"}
-    assert sorted({(c[1], c[2]) for c in calls}) == [(0, 1), (1, 0)]  # Shard(0) <-> Shard(1) of (B, E, C, d)
+    assert sorted({(c[1], c[2]) for c in buffer}) == [(0, 1), (1, 0)]  # Shard(0) <-> Shard(1) of (B, E, C, d)
+    grouped = key.endswith("dropless") and grouped_mm_runs(torch.float32, "cpu", D, I)
+    assert res["grouped_per_step"] == (3 * layers if grouped else 0)  # gate, up, down on the filled slots
+    assert [(c[1], c[2]) for c in counts] == [(0, 1)] * (layers if grouped else 0)
