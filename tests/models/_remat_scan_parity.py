@@ -5,7 +5,7 @@
 `run(family, backend)` trains each variant of a tiny model two steps (SGD, one `train_step` through
 `ember.core.jit` on `backend`) from the same weights and returns, per variant, the largest
 difference from the reference in the metrics and in every updated parameter (scanned params are
-compared with the reference's blocks stacked).
+unstacked into the reference's list of blocks).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ COMPILED_VARIANTS = {
     "llama3": ["full+scan", "none+scan", "dots_saveable", "save:qkv,attn_out,mlp_hidden+scan"],
     "gpt2": ["dots_with_no_batch_dims_saveable+scan"],
     "qwen3_moe": ["full+scan"],  # a tree carry: the router statistics ride along
+    "deepseek_v3": ["save:qkv,attn_out,mlp_hidden+scan"],  # a dense block, then MoE ones: two stacks
 }
 
 
@@ -32,6 +33,12 @@ def _config(family: str, **changes):
         return get_config("qwen3_moe", "tiny").replace(vocab_size=64, max_seq_len=16, n_layers=3, d_model=32,
                                                       attn_head_dim=8, moe_ffn_dim=16, n_experts=4,
                                                       capacity_factor=1.0, router_z_loss_coef=1e-3, **changes)
+    if family == "deepseek_v3":  # latent attention, a dense first layer, dropless (grouped where the kernel runs)
+        return get_config("deepseek_v3", "tiny").replace(vocab_size=64, max_seq_len=16, n_layers=3, d_model=32,
+                                                        n_heads=4, n_kv_heads=4, q_lora_rank=16, kv_lora_rank=8,
+                                                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                                                        moe_ffn_dim=16, n_experts=4, n_expert_groups=2, topk_groups=1,
+                                                        router_z_loss_coef=1e-3, **changes)
     if family == "llama3":
         return Llama3Config(vocab_size=64, max_seq_len=16, n_layers=3, n_heads=4, n_kv_heads=2, d_model=32,
                             ffn_dim=48, rope_theta=10000.0, **changes)
@@ -43,15 +50,15 @@ def _train(family: str, backend: str, remat: str, scan: bool, device: torch.devi
     from ember.core import TrainState, random
     from ember.core.jit import jit
     from ember.core.pytree import tree_map
-    from ember.core.scan import stack_trees
     from ember.core.step_fns import train_step
     from ember.models import build_model, lm_loss
 
     reference = build_model(family, _config(family))
     model = build_model(family, _config(family, remat=remat, scan_layers=scan))
     params = reference.init(random.key(0))
-    if scan:
-        params = {**params, "blocks": stack_trees(params["blocks"])}
+    blocks = model.children["blocks"] if scan else None
+    if scan:  # one stack, or one per run of equal blocks (dense, then MoE)
+        params = {**params, "blocks": blocks.stack(params["blocks"])}
     tokens = random.randint(random.key(1), (4, 9), 0, 64)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:].clone()}
     batch["targets"][0, :5] = -100
@@ -63,8 +70,8 @@ def _train(family: str, backend: str, remat: str, scan: bool, device: torch.devi
         state, m = step(state, to(batch))
         metrics.append({k: float(v.cpu()) for k, v in m.items()})
     final = tree_map(lambda t: t.cpu(), state.params)
-    if not scan:
-        final = {**final, "blocks": stack_trees(final["blocks"])}
+    if scan:
+        final = {**final, "blocks": blocks.unstack(final["blocks"])}
     return metrics, final
 
 

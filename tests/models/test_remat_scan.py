@@ -1,6 +1,7 @@
 """Every remat policy, with and without `scan_layers`, trains like the unrolled remat-free model.
 
-Two `train_step`s (microbatches=2, some targets ignored) of tiny Llama-3, GPT-2 and Qwen3-MoE models from the
+Two `train_step`s (microbatches=2, some targets ignored) of tiny Llama-3, GPT-2, Qwen3-MoE and DeepSeek-V3 (a dense
+block, then MoE ones: two stacks) models from the
 same weights: metrics and updated params within 1e-5 of the reference, on eager (every variant),
 Inductor and XLA (one variant per policy; see `_remat_scan_parity.py`).
 """
