@@ -4,9 +4,9 @@ Public names: `MoEBlock`, `MoEDecoder`.
 
 Attention, norms and embeddings are Llama's (`ember.models.llama3`: with q/k norms where the config
 says so, as Qwen3-MoE and dots1; DeepSeek-V3 swaps in latent attention). The feed-forward layer of a
-MoE block is `ember.models.layers.MoE`: a router picks
-`experts_per_token` of `n_experts` SwiGLU experts per token, plus optional shared experts; dense
-blocks (`first_dense_layers`, `mlp_only_layers`, `decoder_sparse_step`) keep a SwiGLU.
+MoE block is `ember.models.layers.MoE`: a router picks `experts_per_token` of `n_experts` SwiGLU
+experts per token, plus optional shared experts; dense blocks (`first_dense_layers`,
+`mlp_only_layers`, `decoder_sparse_step`) keep a SwiGLU.
 
 The blocks carry `(x, router_stats)`: each MoE block adds its router's sums to the stats, so the
 balancing losses see every layer (transformers pools its auxiliary loss over layers) while the
