@@ -4,6 +4,7 @@ the dispatch variants against each other, and memory per device by expert-parall
     python launch/bench_moe.py                                  # qwen3_moe_tiny, float32, timings + memory
     python launch/bench_moe.py --dtype bfloat16 --iters 50      # on a GPU: bf16 compute, MFU on active params
     python launch/bench_moe.py --markdown BENCHMARKS.md         # replace the "Mixture of experts" section
+    python launch/bench_moe.py --model.d_model 512 --model.moe_ffn_dim 256   # any run-config override
 
 Timings: every variant is the same run config's model compiled by `jit(backend="inductor")`,
 trained with AdamW on one batch, timed round-robin in this process after warm-up
@@ -28,7 +29,7 @@ from ember.core.step_fns import train_step
 from ember.launch.benchmark import time_round_robin, update_markdown
 from ember.launch.benchmark.setup import Variant, sync
 from ember.launch.benchmark.timing import matmul_peak, percentile
-from ember.launch.run_config import get_config as get_run_config
+from ember.launch.run_config import parse_cli
 from ember.models import build_model, count_active_params, count_params, get_config, lm_loss
 from ember.models.layers import initializers as inits
 from ember.models.layers.moe import DROPLESS
@@ -110,15 +111,15 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json")
     p.add_argument("--markdown")
-    args = p.parse_args(argv)
+    args, overrides = p.parse_known_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    run_cfg, dtype = get_run_config(args.config), getattr(torch, args.dtype)
+    run_cfg, dtype = parse_cli(args.config, overrides), getattr(torch, args.dtype)
     vs = variants(run_cfg, device, dtype)
     timed = time_round_robin(vs, warmup=args.warmup, iters=args.iters)
     tokens = run_cfg.data.batch_size * run_cfg.data.seq_len
     dense_s = percentile(timed[vs[0].name]["times"], 0.5)
     peak = matmul_peak(device, dtype=dtype) if device.type == "cuda" else None  # the peak of the dtype it runs in
-    command = f"python launch/bench_moe.py --config {args.config} --dtype {args.dtype}"
+    command = " ".join(["python launch/bench_moe.py --config", args.config, "--dtype", args.dtype, *overrides])
     lines = [f"torch {torch.__version__}, {device.type}, {args.dtype}, {tokens} tokens per step, median of "
              f"{args.iters} round-robin steps (`{command}`)",
              "", "| variant | params | step ms | tokens/s | vs dense |" + (" MFU (active) |" if peak else ""),

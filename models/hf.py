@@ -294,7 +294,8 @@ def from_hf(
     """Load a local Hugging Face causal LM folder as an ember model and its params.
 
     Folders of the native families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `mistral`, `gemma`, `qwen3_moe`, `mixtral`,
-    `dots1`: GPT-2, Llama, Qwen2, Qwen3, Mistral, Gemma, Qwen3-MoE, Mixtral and dots.llm1) become native ember models. Any other causal LM that
+    `dots1`, `deepseek_v3`: GPT-2, Llama, Qwen2, Qwen3, Mistral, Gemma, Qwen3-MoE, Mixtral, dots.llm1 and
+    DeepSeek-V3) become native ember models. Any other causal LM that
     transformers loads is bridged (`hf_bridge.bridge_from_hf`, with one warning line): it trains,
     without the native families' extras.
 
@@ -308,8 +309,8 @@ def from_hf(
             gets a key; pass `dropout=0.0` to fine-tune without it.
 
     Returns:
-        `(model, params)`: a native model (`GPT2`, `Llama3`, `Qwen2`, `Qwen3`, `Mistral`, `Gemma`, `Qwen3Moe`, `Dots1`) or a bridged
-        `TorchModel`, and its params tree.
+        `(model, params)`: a native model (`GPT2`, `Llama3`, `Qwen2`, `Qwen3`, `Mistral`, `Gemma`, `Qwen3Moe`,
+        `Dots1`, `Mixtral`, `DeepseekV3`) or a bridged `TorchModel`, and its params tree.
 
     Raises:
         ValueError: the folder has no config.json or safetensors weights, the checkpoint is of
