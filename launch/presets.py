@@ -1,6 +1,7 @@
 """Built-in run configs, registered with `ember.launch.run_config` when this module is imported.
 
-Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `qwen3_moe_tiny`, `tiny_chat_sft`, `sft`,
+Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `qwen3_moe_tiny`, `deepseek_v3_tiny`,
+`tiny_chat_sft`, `sft`,
 `llama3_125m` (the functions building each config).
 
 `llama3_tiny` is the default of `launch/train.py` and `make train`: a small Llama-style model
@@ -25,8 +26,8 @@ from ember.launch.run_config import TrainConfig, register_config
 from ember.models import get_config
 from ember.optim.config import OptimConfig
 
-__all__ = ["gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_moe_tiny", "sft",
-           "tiny_chat_sft"]
+__all__ = ["deepseek_v3_tiny", "gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny",
+           "qwen3_moe_tiny", "sft", "tiny_chat_sft"]
 
 _BYTE_VOCAB = 320  # 257 byte-tokenizer ids padded to a multiple of 64
 
@@ -88,6 +89,16 @@ def qwen3_moe_tiny() -> TrainConfig:
     """A Qwen3-MoE toy (`llama3_tiny`'s attention; 8 experts of width 128, top-2, dropless) on the same data."""
     base = _llama_layout_tiny("qwen3_moe")
     return dataclasses.replace(base, model=base.model.replace(moe_ffn_dim=128))
+
+
+@register_config("deepseek_v3_tiny")
+def deepseek_v3_tiny() -> TrainConfig:
+    """A DeepSeek-V3 toy (latent attention, a dense first layer, then 8 experts in 4 groups, top-2, one shared,
+    dropless) at `llama3_tiny`'s width on the same data and schedule."""
+    base = llama3_tiny()
+    model = get_config("deepseek_v3", "tiny").replace(vocab_size=_BYTE_VOCAB, n_layers=4, d_model=192, n_heads=6,
+                                                      n_kv_heads=6, ffn_dim=512, moe_ffn_dim=128)
+    return dataclasses.replace(base, family="deepseek_v3", model=model, out="runs/deepseek_v3_tiny")
 
 
 @register_config("tiny_chat_sft")

@@ -23,7 +23,7 @@ TINY = ["--backend", "eager", "--data.max_bytes", "300000", "--data.batch_size",
 RUN_FILES = {"config.json", "metrics.jsonl", "loss.png"}
 
 
-@pytest.mark.parametrize("config", ["llama3_tiny", "gpt2_tiny"])
+@pytest.mark.parametrize("config", ["llama3_tiny", "gpt2_tiny", "deepseek_v3_tiny"])  # the last samples through latents
 def test_one_step_run_ends_with_a_sample(config, tmp_out, capsys):
     assert list(tmp_out.iterdir()) == []
     train.main(["--config", config, "--steps", "1", "--out", str(tmp_out), *TINY])  # raised ValueError (ids >= 257)
