@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Mapping
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -69,7 +69,8 @@ def deepseek_v3_config_from_hf(hf: Mapping[str, Any], overrides: Dict[str, Any])
         first_dense_layers=hf["first_k_dense_replace"] or 0, router="sigmoid", expert_bias=True,
         router_aux_loss_coef=0.0,  # transformers' DeepSeek-V3 has no auxiliary loss
         q_lora_rank=hf["q_lora_rank"], kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
-        qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], rope_interleave=bool(hf["rope_interleave"]),
+        qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
+        rope_interleave=bool(hf["rope_interleave"]),
     )
     return replace_config(DeepseekV3Config(**fields), **overrides)
 
@@ -126,10 +127,11 @@ def _rope_rows(state: Mapping[str, Tensor], c: DeepseekV3Config, *, interleaved_
     return out
 
 
-def deepseek_moe_params_from_hf(state: Mapping[str, Tensor], c, **kwargs: Any) -> Params:
+def deepseek_moe_params_from_hf(state: Mapping[str, Tensor], c, *, ignore: Optional[Callable[[str], bool]] = None,
+                                **kwargs: Any) -> Params:
     """ember params from a state dict of DeepSeek's mixture (DeepSeek-V3, dots1): transformers builds the
-    shared experts always, zero-width when there are none, which are dropped (`kwargs`: `moe_params_from_hf`'s)."""
-    ignore = kwargs.pop("ignore", None)
+    shared experts always, zero-width when there are none, which are dropped, as is what `ignore` accepts
+    (`kwargs`: `moe_params_from_hf`'s)."""
     return moe_params_from_hf(state, c, ignore=lambda k: (".mlp.shared_experts." in k and state[k].numel() == 0)
                               or (ignore is not None and ignore(k)), **kwargs)
 

@@ -212,9 +212,9 @@ class MoE(Module):
         buffer is the exchange; `_grouped_slots` computes its filled slots) or a layout other than data,
         fully sharded and tensor parallelism."""
         B, T, d = x.shape
-        if self.dropless != "grouped" or not grouped_mm_runs(x.dtype, x.device.type, d, self.hidden):
+        align = self._grouped_alignment(x)
+        if align is None:
             return None
-        align = grouped_mm_row_alignment(x.dtype, x.device.type)
         tokens, flat_valid = x.reshape(B * T, d), None if valid is None else valid.reshape(B * T)
         if sharding is None:
             pairs = sort_pairs(routing.indices, self.n_experts, flat_valid, align)
@@ -232,13 +232,18 @@ class MoE(Module):
     def _grouped_slots(self, params: Params, buffer: Tensor, counts: Tensor, sharding: Any) -> Optional[Tensor]:
         """The filled slots of the experts each process holds under `ep` on DTensor, as grouped matmuls
         (`grouped_slots_on_shards`); None where that does not run (then every slot is computed)."""
-        d = buffer.shape[-1]
-        if (self.dropless != "grouped" or sharding is None or sharding.mesh.backend != "dtensor"
-                or not grouped_mm_runs(buffer.dtype, buffer.device.type, d, self.hidden)):
+        align = self._grouped_alignment(buffer)
+        if align is None or sharding is None or sharding.mesh.backend != "dtensor":
             return None
         counts = constrain(counts, _BUFFER_BY_EXPERT[:2])  # (G, E): where the buffer's slots are
-        return grouped_slots_on_shards(params, buffer, counts, grouped_mm_row_alignment(buffer.dtype,
-                                                                                       buffer.device.type))
+        return grouped_slots_on_shards(params, buffer, counts, align)
+
+    def _grouped_alignment(self, x: Tensor) -> Optional[int]:
+        """The grouped kernel's row alignment for rows like `x`'s last dimension; None where dropless is not
+        asked to run grouped or the kernel cannot run these (`ember.core.compat.grouped_mm`)."""
+        if self.dropless != "grouped" or not grouped_mm_runs(x.dtype, x.device.type, x.shape[-1], self.hidden):
+            return None
+        return grouped_mm_row_alignment(x.dtype, x.device.type)
 
     def _experts(self, params: Params, buffer: Tensor) -> Tensor:
         """Every expert's SwiGLU on its slots. Args: buffer: (G, E, C, d). Returns: (G, E, C, d)."""

@@ -25,14 +25,16 @@ Parameter tree, on top of Llama's attention and norms (`E = n_experts`, `I = moe
 Example:
     >>> import torch
     >>> from ember.core import random
-    >>> from ember.models import build_model
-    >>> model = build_model("qwen3_moe", "tiny")
+    >>> from ember.models import MoEDecoder, MoEDecoderConfig
+    >>> cfg = MoEDecoderConfig(vocab_size=256, n_layers=3, n_heads=4, n_kv_heads=2, d_model=64, ffn_dim=128,
+    ...                        n_experts=4, experts_per_token=2, moe_ffn_dim=32, first_dense_layers=1)
+    >>> model = MoEDecoder(cfg)
     >>> params = model.init(random.key(0))
-    >>> tuple(params["blocks"][0]["mlp"]["gate"].shape)
-    (8, 64, 128)
+    >>> sorted(params["blocks"][0]["mlp"]), sorted(params["blocks"][1]["mlp"])
+    (['down', 'gate', 'up'], ['down', 'gate', 'router', 'up'])
     >>> hidden, stats = model.features_and_extras(params, torch.zeros(2, 16, dtype=torch.long))
     >>> hidden.shape, float(stats["rows"])     # 2 MoE layers x 32 tokens
-    (torch.Size([2, 16, 128]), 64.0)
+    (torch.Size([2, 16, 64]), 64.0)
 """
 
 from __future__ import annotations

@@ -36,17 +36,13 @@ from ember.core.step_fns import train_step
 from ember.core.tree_math import tree_zeros_like
 from ember.models import build_model, lm_loss
 
+from _moe_dtensor_worker import FAMILIES  # family -> what it changes in MOE (this folder is on the path)
+
 # T=12 tokens, d=32: the exchanged buffer's trailing dims (C, d) = (12, 32) dropless, (2, 32) at 0.5
 # match no weight (I=24, H*D=32, KV*D=16, E=8, V=64), so the test can tell its collectives apart.
 MOE = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, attn_head_dim=8, ffn_dim=64, n_layers=2,
            max_seq_len=16, n_experts=8, experts_per_token=2, moe_ffn_dim=24, tie_embeddings=True)
 CONFIGS = {"dropless": None, "dropping": 0.5}
-FAMILIES = {  # family -> what it changes in MOE
-    "qwen3_moe": {},
-    # latent attention (a key and value per head; the queries' bottleneck on), a dense first layer, 2 groups
-    "deepseek_v3": dict(n_kv_heads=4, attn_head_dim=None, q_lora_rank=16, kv_lora_rank=8, qk_nope_head_dim=8,
-                        qk_rope_head_dim=4, v_head_dim=6, first_dense_layers=1, n_expert_groups=2, topk_groups=1),
-}
 STEPS, BATCH, SEQ = 4, 8, 12
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # A collective's result: one shape, or a tuple of shapes (XLA:CPU's all-to-all has one operand per peer).
