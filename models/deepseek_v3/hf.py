@@ -120,10 +120,10 @@ def _rope_rows(state: Mapping[str, Tensor], c: DeepseekV3Config, *, interleaved_
     for name, t in state.items():
         if re.search(r"self_attn\.(q_proj|q_b_proj)\.weight$", name):
             per_head = t.view(c.n_heads, c.qk_head_dim, -1)
-            out[name] = torch.cat((per_head[:, :c.qk_nope_head_dim], per_head[:, c.qk_nope_head_dim:][:, order]),
-                                  dim=1).reshape(t.shape)
+            rows = per_head[:, c.qk_nope_head_dim:][:, order.to(t.device)]
+            out[name] = torch.cat((per_head[:, :c.qk_nope_head_dim], rows), dim=1).reshape(t.shape)
         elif name.endswith("self_attn.kv_a_proj_with_mqa.weight"):
-            out[name] = torch.cat((t[:c.kv_lora_rank], t[c.kv_lora_rank:][order]))
+            out[name] = torch.cat((t[:c.kv_lora_rank], t[c.kv_lora_rank:][order.to(t.device)]))
     return out
 
 
