@@ -5,6 +5,7 @@ the dispatch variants against each other, and memory per device by expert-parall
     python launch/bench_moe.py --dtype bfloat16 --iters 50      # on a GPU: bf16 compute, MFU on active params
     python launch/bench_moe.py --markdown BENCHMARKS.md         # replace the "Mixture of experts" section
     python launch/bench_moe.py --model.d_model 512 --model.moe_ffn_dim 256   # any run-config override
+    python launch/bench_moe.py --data.batch_size 128 --microbatches 8        # 16,384 tokens an optimizer step
 
 Timings: every variant is the same run config's model compiled by `jit(backend="inductor")`,
 trained with AdamW on one batch, timed round-robin in this process after warm-up
@@ -56,8 +57,8 @@ def variants(run_cfg, device, dtype) -> list:
         tx = optim.chain(optim.clip_by_global_norm(1.0), optim.adamw(run_cfg.optim.learning_rate))
         holder = {"state": TrainState.create(params=to_device(model.init(random.key(0)), device), tx=tx,
                                              key=random.key(1, device=device))}
-        step = jit(train_step(lm_loss(model), tx, compute_dtype=None if dtype == torch.float32 else dtype),
-                   backend="inductor")
+        step = jit(train_step(lm_loss(model), tx, microbatches=run_cfg.microbatches,
+                              compute_dtype=None if dtype == torch.float32 else dtype), backend="inductor")
 
         def run(step=step, holder=holder):
             holder["state"], metrics = step(holder["state"], batch)
@@ -65,6 +66,34 @@ def variants(run_cfg, device, dtype) -> list:
             return metrics["loss"]
 
         out.append(Variant(name, run, lambda: 0, notes=f"{count_params(model) / 1e6:.3f}M params"))
+    return out
+
+
+def layer_variants(cfg, tokens: int, device) -> list:
+    """One MoE layer of `cfg` (the default dropless) and the SwiGLU of the same active width, forward and
+    backward of a squared-output loss on `tokens` tokens, each compiled by `jit(backend="inductor")`."""
+    from ember.core import value_and_grad
+    from ember.models.llama3.model import SwiGLU
+
+    layers = {"layer: dense SwiGLU (same active)": SwiGLU(cfg.d_model, cfg.experts_per_token * cfg.moe_ffn_dim),
+              "layer: moe dropless": build_model("qwen3_moe", cfg).experts(inits.normal(0.02))}
+    x = random.normal(random.key(2), (1, tokens, cfg.d_model)).to(device)
+    out = []
+    for name, layer in layers.items():
+        params = to_device(layer.init(random.key(0)), device)
+
+        def loss(params, x, layer=layer):
+            y = layer.apply(params, x)
+            return (y[0] if isinstance(y, tuple) else y).square().mean()
+
+        step = jit(value_and_grad(loss), backend="inductor")
+
+        def run(step=step, params=params):
+            value, _ = step(params, x)
+            sync(device)
+            return value
+
+        out.append(Variant(name, run, lambda: 0))
     return out
 
 
@@ -116,11 +145,14 @@ def main(argv=None) -> int:
     run_cfg, dtype = parse_cli(args.config, overrides), getattr(torch, args.dtype)
     vs = variants(run_cfg, device, dtype)
     timed = time_round_robin(vs, warmup=args.warmup, iters=args.iters)
+    layer_vs = layer_variants(run_cfg.model, run_cfg.data.batch_size * run_cfg.data.seq_len, device)
+    layer_timed = time_round_robin(layer_vs, warmup=args.warmup, iters=args.iters)
     tokens = run_cfg.data.batch_size * run_cfg.data.seq_len
     dense_s = percentile(timed[vs[0].name]["times"], 0.5)
     peak = matmul_peak(device, dtype=dtype) if device.type == "cuda" else None  # the peak of the dtype it runs in
     command = " ".join(["python launch/bench_moe.py --config", args.config, "--dtype", args.dtype, *overrides])
-    lines = [f"torch {torch.__version__}, {device.type}, {args.dtype}, {tokens} tokens per step, median of "
+    lines = [f"torch {torch.__version__}, {device.type}, {args.dtype}, {tokens} tokens per step in "
+             f"{run_cfg.microbatches} microbatch(es), median of "
              f"{args.iters} round-robin steps (`{command}`)",
              "", "| variant | params | step ms | tokens/s | vs dense |" + (" MFU (active) |" if peak else ""),
              "|---|---|---|---|---|" + ("---|" if peak else "")]
@@ -129,6 +161,11 @@ def main(argv=None) -> int:
         s = percentile(timed[v.name]["times"], 0.5)
         mfu = f" {flops_per_token * tokens / s / peak['flops']:.1%} |" if peak else ""
         lines.append(f"| {v.name} | {v.notes} | {s * 1e3:.1f} | {tokens / s:,.0f} | {dense_s / s:.2f}x |{mfu}")
+    dense_layer_s = percentile(layer_timed[layer_vs[0].name]["times"], 0.5)
+    lines += ["", "| one layer, forward and backward (float32) | ms | vs dense |", "|---|---|---|"]
+    for v in layer_vs:
+        s = percentile(layer_timed[v.name]["times"], 0.5)
+        lines.append(f"| {v.name.split(': ')[1]} | {s * 1e3:.1f} | {dense_layer_s / s:.2f}x |")
     lines += ["", "| model | mesh | experts per device | params + AdamW per device |", "|---|---|---|---|"]
     mem = memory_rows(args.config, run_cfg.model) + memory_rows("qwen3_moe/30b-a3b", get_config("qwen3_moe", "30b-a3b"))
     lines += [f"| {n} | {m} | {e} | {g:.3f} GiB |" for n, m, e, g in mem]
