@@ -1,0 +1,218 @@
+"""Pipeline parallelism as a schedule inside the step: `pipeline` runs a stack of layers as stages.
+
+Public names: `pipeline`, `PipelineError`, `bubble_fraction`.
+
+The stacked layer parameters `[L, ...]` are viewed as `[repeats, stages, layers_per_stage, ...]` (one
+repeat: today's layout, so checkpoints do not change). Every iteration runs every stage at once
+(`vmap` over a `[stages, microbatch, ...]` buffer), then shifts the buffer one stage along, circularly:
+what leaves the last stage comes back to the first, for the next repeat or, after the last, as the
+output. Microbatches enter stage 0 one per iteration; `repeats * microbatches + stages - 1` iterations
+in all. The backward is autodiff of the whole loop (GPipe run in reverse). A stage outside the
+schedule's diagonal (the bubble) computes on zeros, whatever its buffer holds, and its result is
+never read, so a NaN there reaches no gradient.
+
+On DTensor, with the layer dimension split over the mesh axis `pp` (stage-major: each process holds
+its stages' layers), each process runs its own stages on plain tensors and the shift is one
+exchange: its last stage's buffer goes to the next process (`all_to_all_single` with one non-zero
+split, whose backward is the shift the other way), never an all-gather of the buffer. The output,
+held by the first stage's process, is broadcast to every process of `pp`. So far the DTensor form
+takes a mesh whose other axes replicate the layers, and one repeat.
+
+Example:
+    >>> import torch
+    >>> w = torch.randn(4, 3, 3) / 3                        # four layers
+    >>> x = torch.randn(8, 3)
+    >>> y = pipeline(lambda p, h: torch.tanh(h @ p), w, x, stages=2, microbatches=4)
+    >>> ref = x
+    >>> for layer in w: ref = torch.tanh(ref @ layer)
+    >>> torch.allclose(y, ref, atol=1e-6)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .pytree import tree_leaves, tree_map
+from .types import PyTree
+
+__all__ = ["PipelineError", "bubble_fraction", "pipeline"]
+
+PP = "pp"
+
+
+class PipelineError(ValueError):
+    """A pipeline that cannot be scheduled as asked; the message names the fix."""
+
+
+def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
+    """The share of stage-iterations that compute nothing: `(S - 1) / (R * M + S - 1)`."""
+    return (stages - 1) / (repeats * microbatches + stages - 1)
+
+
+def _check(n_layers: int, batch: int, stages: int, microbatches: int, repeats: int) -> None:
+    for name, value in (("stages", stages), ("microbatches", microbatches), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PipelineError(f"pipeline {name} must be an int >= 1, got {value!r}.")
+    if n_layers % (stages * repeats):
+        raise PipelineError(
+            f"{n_layers} layers do not split into {stages} stages x {repeats} repeats: the layer count must be a "
+            f"multiple of stages x repeats ({stages * repeats}); change n_layers, the pp degree or the repeats.")
+    if microbatches < stages:
+        raise PipelineError(
+            f"{microbatches} microbatches are fewer than the {stages} stages: every stage would wait on one that "
+            f"never comes; use at least {stages} microbatches (--microbatches {stages}) or fewer stages.")
+    if batch % microbatches:
+        raise PipelineError(
+            f"a batch of {batch} does not split into {microbatches} microbatches: the batch size must be a multiple "
+            f"of the microbatches.")
+
+
+class _Stages:
+    """Where this process's stages sit: `first`, the global index of its first stage, `local` of them,
+    and the `pp` process group it exchanges with (None: one process holds every stage)."""
+
+    def __init__(self, stages: int, group: Any = None, rank: int = 0, size: int = 1):
+        self.local, self.group, self.rank, self.size = stages // size, group, rank, size
+        self.first = rank * self.local
+
+    def shift(self, out: Tensor) -> Tensor:
+        """The buffer one stage along, circularly: slot s gets stage s-1's output, slot 0 the last stage's."""
+        if self.group is None:
+            return torch.roll(out, 1, dims=0)
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        last = out[-1]
+        mb = last.shape[0]
+        send = [mb if j == (self.rank + 1) % self.size else 0 for j in range(self.size)]
+        recv = [mb if j == (self.rank - 1) % self.size else 0 for j in range(self.size)]
+        came = all_to_all_single_autograd(last.contiguous(), recv, send, self.group)
+        return torch.cat([came.unsqueeze(0), out[:-1]])
+
+
+def _hand_out(result: Tensor, place: _Stages) -> Tensor:
+    """The first stage's `result` on every process of `pp`; its gradient is each process's own share."""
+    if place.group is None:
+        return result
+    return _FromFirstStage.apply(result, place.group, place.rank)
+
+
+class _FromFirstStage(torch.autograd.Function):
+    """Forward: the `pp` rank 0's tensor, broadcast. Backward: the gradient, which every process holds
+    whole (the output is replicated), stays with rank 0's tensor; the others' tensors did not count."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, group: Any, rank: int) -> Tensor:
+        import torch.distributed as dist
+
+        ctx.rank = rank
+        out = t.detach().clone().contiguous()
+        dist.broadcast(out, src=dist.get_global_rank(group, 0), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return (grad if ctx.rank == 0 else torch.zeros_like(grad)), None, None
+
+
+def _local_inputs(params: PyTree, x: Any, stages: int) -> Tuple[PyTree, Tensor, _Stages, Optional[Callable]]:
+    """Plain tensors and where their stages sit; for DTensors, their local shards and a function that
+    wraps the output back."""
+    from .jit_backends.dtensor_local import has_dtensor
+
+    leaves = tree_leaves(params)
+    if not has_dtensor([*leaves, x]):
+        return params, x, _Stages(stages), None
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    mesh = x.device_mesh if isinstance(x, DTensor) else leaves[0].device_mesh
+    names = mesh.mesh_dim_names or ()
+    want = [Shard(0) if n == PP else Replicate() for n in names]
+    wrong = [i for i, t in enumerate(leaves) if not isinstance(t, DTensor) or list(t.placements) != want]
+    if PP not in names or wrong or not isinstance(x, DTensor) or any(p != Replicate() for p in x.placements):
+        raise PipelineError(
+            f"pipeline on DTensor takes layer parameters split by their first dimension over the mesh axis 'pp' "
+            f"({want}) and inputs replicated; got a mesh with axes {names}, inputs {getattr(x, 'placements', None)}, "
+            f"and {len(wrong)} parameter(s) laid out otherwise; shard the stacked layers with the rule "
+            f"('layers', 'pp').")
+    dim = names.index(PP)
+    size = mesh.size(dim)
+    if stages % size:
+        raise PipelineError(f"{stages} stages do not split over pp={size}: use a multiple of {size} stages.")
+    place = _Stages(stages, mesh.get_group(dim), mesh.get_local_rank(dim), size)
+    local = tree_map(lambda t: t.to_local(), params)
+    return local, x.to_local(), place, lambda y: DTensor.from_local(y, mesh, [Replicate()] * len(names),
+                                                                   run_check=False)
+
+
+def pipeline(layer_fn: Callable[[PyTree, Tensor], Tensor], params: PyTree, x: Tensor, *, stages: int,
+             microbatches: int, repeats: int = 1) -> Tensor:
+    """`x` through every layer of `params` in order, scheduled as a pipeline of `stages`.
+
+    Args:
+        layer_fn: `(one layer's params, h) -> h`, `h` of one microbatch (`vmap` runs it over stages).
+        params: the stacked layers, every leaf `[L, ...]`; on DTensor split by `L` over `pp`.
+        x: `(B, ...)`, split into `microbatches` along dim 0.
+        stages: pipeline stages `S`; each runs `L / (S * repeats)` consecutive layers per repeat.
+        microbatches: `M >= S`.
+        repeats: circular passes `R` through the stages (stage s holds layers of every repeat).
+
+    Returns:
+        `(B, ...)`, what applying the layers one after another gives.
+    """
+    leaves = tree_leaves(params)
+    if not leaves:
+        raise PipelineError("pipeline got no layer parameters: pass the stacked layers (leaves [L, ...]).")
+    n_layers = leaves[0].shape[0]
+    _check(n_layers, x.shape[0], stages, microbatches, repeats)
+    params, x, place, wrap = _local_inputs(params, x, stages)
+    if place.size > 1 and repeats > 1:
+        raise PipelineError(f"repeats={repeats} under pp={place.size} is not supported yet: run repeats=1.")
+    per_stage = n_layers // (stages * repeats)
+    staged = tree_map(lambda p: p.reshape(repeats, place.local, per_stage, *p.shape[1:]), params)
+    y = _schedule(layer_fn, staged, x, place, stages, microbatches, repeats)
+    return y if wrap is None else wrap(y)
+
+
+def _run_stage(layer_fn: Callable, stage_params: PyTree, h: Tensor) -> Tensor:
+    n = tree_leaves(stage_params)[0].shape[0]
+    for j in range(n):
+        h = layer_fn(tree_map(lambda p: p[j], stage_params), h)
+    return h
+
+
+def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, stages: int, microbatches: int,
+              repeats: int) -> Tensor:
+    # Every process runs the same ops and takes every shift's backward (a process that dropped a
+    # shifted buffer would skip its backward exchange and leave the others waiting): what differs
+    # by process is chosen by `torch.where`, whose unchosen side gets a zero gradient.
+    S, M, R = stages, microbatches, repeats
+    mbs = list(x.reshape(M, x.shape[0] // M, *x.shape[1:]).unbind(0))
+    zero = torch.zeros_like(mbs[0])
+    buffer = zero.unsqueeze(0).expand(place.local, *zero.shape)
+    first_process = torch.tensor(place.first == 0, device=x.device)
+    returned: List[Tensor] = [zero] * M  # what came back to slot 0 (stage 0's on the first process)
+    run = torch.func.vmap(lambda p, h: _run_stage(layer_fn, p, h))
+    for i in range(R * M + S - 1):
+        if i < R * M:  # microbatch i % M enters stage 0, for the first time or the next repeat
+            entering = torch.where(first_process, mbs[i % M] if i < M else returned[i % M], buffer[0])
+            buffer = torch.cat([entering.unsqueeze(0), buffer[1:]])
+        global_stage = range(place.first, place.first + place.local)
+        working = torch.tensor([0 <= i - g < R * M for g in global_stage], device=x.device)
+        inputs = torch.where(working.view(-1, *[1] * zero.dim()), buffer, zero)  # the bubble computes on zeros
+        rep = [min(max((i - g) // M, 0), R - 1) for g in global_stage]
+        buffer = place.shift(run(tree_map(lambda p: _pick(p, rep), staged), inputs))
+        done = i - (S - 1)  # the microbatch the last stage finished, now in slot 0 of the first process
+        if 0 <= done < R * M:
+            returned[done % M] = buffer[0]
+    return _hand_out(torch.cat(returned), place)
+
+
+def _pick(p: Tensor, repeat_of_stage: Sequence[int]) -> Tensor:
+    """`[local stages, layers per stage, ...]`: each stage's layers of the repeat it runs now."""
+    if all(r == repeat_of_stage[0] for r in repeat_of_stage):
+        return p[repeat_of_stage[0]]
+    return torch.stack([p[r, s] for s, r in enumerate(repeat_of_stage)])

@@ -1,0 +1,126 @@
+"""`pipeline`: a stack of layers scheduled as stages equals the layers run one after another, in value and
+gradient, on one device, compiled, and over `pp=2` on DTensor (gloo, `_pipeline_worker.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ember.core.pipeline import PipelineError, bubble_fraction, pipeline
+
+D = 6
+
+
+def layer(p, h):
+    return h + torch.tanh(h @ p["w"] + p["b"])
+
+
+def stack(n_layers: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(n_layers, D, D, generator=g, dtype=torch.float64) / D ** 0.5,
+            "b": torch.randn(n_layers, D, generator=g, dtype=torch.float64)}
+
+
+def sequential(params, x):
+    for j in range(params["w"].shape[0]):
+        x = layer({"w": params["w"][j], "b": params["b"][j]}, x)
+    return x
+
+
+def loss_and_grads(fn, params, x):
+    params = {k: v.detach().requires_grad_() for k, v in params.items()}
+    x = x.detach().requires_grad_()
+    loss = fn(params, x).square().mean()
+    return (loss.detach(), *torch.autograd.grad(loss, [params["w"], params["b"], x]))
+
+
+@pytest.mark.parametrize("layers,stages,microbatches,repeats", [(4, 2, 2, 1), (4, 2, 4, 1), (6, 3, 5, 1),
+                                                                (8, 2, 4, 2), (6, 2, 3, 3), (4, 1, 1, 1)])
+def test_pipeline_equals_the_layers_in_order_with_their_gradients(layers, stages, microbatches, repeats):
+    params, x = stack(layers), torch.randn(2 * microbatches, 3, D, dtype=torch.float64)
+    got = loss_and_grads(lambda p, h: pipeline(layer, p, h, stages=stages, microbatches=microbatches,
+                                               repeats=repeats), params, x)
+    for a, b in zip(got, loss_and_grads(sequential, params, x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_a_nan_in_a_bubble_slot_reaches_no_gradient():
+    from ember.core.pipeline import _schedule, _Stages
+
+    S, M = 2, 4
+
+    class NaNInTheBubble(_Stages):  # after each shift, NaN in every slot whose stage idles next
+        i = 0
+
+        def shift(self, out):
+            buffer = super().shift(out)
+            self.i += 1
+            idle = torch.tensor([s > 0 and not 0 <= self.i - s < M for s in range(S)])
+            return torch.where(idle.view(-1, 1, 1), torch.full_like(buffer, float("nan")), buffer)
+
+    params, x = stack(4), torch.randn(M, D, dtype=torch.float64)
+    staged = lambda p: {k: t.reshape(1, S, 2, *t.shape[1:]) for k, t in p.items()}  # noqa: E731
+    loss, *grads = loss_and_grads(lambda p, h: _schedule(layer, staged(p), h, NaNInTheBubble(S), S, M, 1),
+                                  params, x)
+    assert all(torch.isfinite(g).all() for g in grads)
+    for a, b in zip((loss, *grads), loss_and_grads(sequential, params, x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_pipeline_compiled_equals_eager():
+    params, x = stack(4), torch.randn(8, D, dtype=torch.float64)
+
+    def fn(p, h):
+        return pipeline(layer, p, h, stages=2, microbatches=4)
+
+    eager = loss_and_grads(fn, params, x)
+    compiled = loss_and_grads(torch.compile(fn, backend="inductor", fullgraph=True), params, x)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_bubble_fraction_is_gpipes():
+    assert bubble_fraction(4, 8) == 3 / 11 and bubble_fraction(2, 4, repeats=2) == 1 / 9 and bubble_fraction(1, 3) == 0
+
+
+@pytest.mark.parametrize("layers,stages,microbatches,repeats,batch,says", [
+    (5, 2, 2, 1, 4, "5 layers do not split into 2 stages x 1 repeats"),
+    (8, 2, 4, 3, 4, r"multiple of stages x repeats \(6\)"),
+    (4, 4, 2, 1, 4, "2 microbatches are fewer than the 4 stages"),
+    (4, 2, 3, 1, 4, "a batch of 4 does not split into 3 microbatches"),
+    (4, 0, 3, 1, 4, "stages must be an int >= 1"),
+])
+def test_bad_schedules_are_refused_in_one_line_with_the_fix(layers, stages, microbatches, repeats, batch, says):
+    with pytest.raises(PipelineError, match=says) as err:
+        pipeline(layer, stack(layers), torch.randn(batch, D, dtype=torch.float64), stages=stages,
+                 microbatches=microbatches, repeats=repeats)
+    assert "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipeline")
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_pipeline_worker.py")
+    proc = subprocess.run([sys.executable, worker, "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(os.path.join(out, "results.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("case", ["eager", "compiled", "eager, two stages a process"])
+def test_pipeline_over_pp2_on_dtensor_equals_one_device(gloo_run, case):
+    res = gloo_run[case]
+    assert "error" not in res, res.get("error")
+    params, x = stack(4), torch.randn(8, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ref = loss_and_grads(sequential, params, x)
+    assert res["local_w"] == [2, D, D]  # each process holds its stage's two layers
+    for got, want in zip(res["loss_and_grads"], ref):
+        torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=0, atol=1e-12)
+    stages = 4 if "two stages" in case else 2
+    assert res["all_gathers"] == 0 and res["all_to_alls"] == 2 * (4 + stages - 1)  # a shift each way an iteration
