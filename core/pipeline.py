@@ -1,6 +1,6 @@
 """Pipeline parallelism as a schedule inside the step: `pipeline` runs a stack of layers as stages.
 
-Public names: `pipeline`, `PipelineError`, `bubble_fraction`.
+Public names: `pipeline`, `PipelineSchedule`, `PipelineError`, `bubble_fraction`.
 
 The stacked layer parameters `[L, ...]` are viewed as `[repeats, stages, layers_per_stage, ...]` (one
 repeat: today's layout, so checkpoints do not change). Every iteration runs every stage at once
@@ -31,7 +31,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -39,13 +40,26 @@ from torch import Tensor
 from .pytree import tree_leaves, tree_map
 from .types import PyTree
 
-__all__ = ["PipelineError", "bubble_fraction", "pipeline"]
+__all__ = ["PipelineError", "PipelineSchedule", "bubble_fraction", "pipeline"]
 
 PP = "pp"
 
 
 class PipelineError(ValueError):
     """A pipeline that cannot be scheduled as asked; the message names the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSchedule:
+    """How stacked layers run over a mesh with `pp` (`Sharding(..., pipeline=PipelineSchedule(8))`).
+
+    Attributes:
+        microbatches: the batch is cut into this many (None: one per stage, the fewest possible).
+        repeats: circular passes through the stages.
+    """
+
+    microbatches: Optional[int] = None
+    repeats: int = 1
 
 
 def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
@@ -94,71 +108,72 @@ class _Stages:
 
 
 def _hand_out(result: Tensor, place: _Stages) -> Tensor:
-    """The first stage's `result` on every process of `pp`; its gradient is each process's own share."""
+    """The first process's `result` on every process of `pp`. The output is replicated, so each process's
+    loss sees the whole gradient: it flows to the first process's `result` alone (the others' did not
+    count), through a term that adds zero."""
     if place.group is None:
         return result
-    return _FromFirstStage.apply(result, place.group, place.rank)
+    import torch.distributed as dist
+    from torch.distributed._functional_collectives import broadcast, wait_tensor
+
+    sent = wait_tensor(broadcast(result.detach().contiguous(), dist.get_global_rank(place.group, 0), place.group))
+    return sent + (result - result.detach()) * float(place.rank == 0)
 
 
-class _FromFirstStage(torch.autograd.Function):
-    """Forward: the `pp` rank 0's tensor, broadcast. Backward: the gradient, which every process holds
-    whole (the output is replicated), stays with rank 0's tensor; the others' tensors did not count."""
-
-    @staticmethod
-    def forward(ctx, t: Tensor, group: Any, rank: int) -> Tensor:
-        import torch.distributed as dist
-
-        ctx.rank = rank
-        out = t.detach().clone().contiguous()
-        dist.broadcast(out, src=dist.get_global_rank(group, 0), group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return (grad if ctx.rank == 0 else torch.zeros_like(grad)), None, None
-
-
-def _local_inputs(params: PyTree, x: Any, stages: int) -> Tuple[PyTree, Tensor, _Stages, Optional[Callable]]:
-    """Plain tensors and where their stages sit; for DTensors, their local shards and a function that
-    wraps the output back."""
+def _local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], stages: int) -> Tuple[Any, ...]:
+    """`(params, x, extras, place, wrap)` as plain tensors with where their stages sit; from DTensors,
+    this process's shares and `wrap`, which makes the output a DTensor again (None for plain inputs)."""
     from .jit_backends.dtensor_local import has_dtensor
 
     leaves = tree_leaves(params)
-    if not has_dtensor([*leaves, x]):
-        return params, x, _Stages(stages), None
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    if not has_dtensor([*leaves, x, *extras.values()]):
+        return params, x, extras, _Stages(stages), None
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    mesh = x.device_mesh if isinstance(x, DTensor) else leaves[0].device_mesh
+    mesh = next(t for t in [x, *leaves, *extras.values()] if isinstance(t, DTensor)).device_mesh
     names = mesh.mesh_dim_names or ()
-    want = [Shard(0) if n == PP else Replicate() for n in names]
-    wrong = [i for i, t in enumerate(leaves) if not isinstance(t, DTensor) or list(t.placements) != want]
-    if PP not in names or wrong or not isinstance(x, DTensor) or any(p != Replicate() for p in x.placements):
+    split, whole = [Shard(0) if n == PP else Replicate() for n in names], [Replicate()] * len(names)
+    wrong = [t for t in leaves if isinstance(t, DTensor) and list(t.placements) not in (split, whole)]
+    wrong += [t for t in [x, *extras.values()] if isinstance(t, DTensor) and list(t.placements) != whole]
+    if PP not in names or wrong:
         raise PipelineError(
-            f"pipeline on DTensor takes layer parameters split by their first dimension over the mesh axis 'pp' "
-            f"({want}) and inputs replicated; got a mesh with axes {names}, inputs {getattr(x, 'placements', None)}, "
-            f"and {len(wrong)} parameter(s) laid out otherwise; shard the stacked layers with the rule "
-            f"('layers', 'pp').")
+            f"pipeline on DTensor takes the stacked layers split by their first dimension over the mesh axis 'pp' "
+            f"and whole over the rest of the mesh ({split}), the activations replicated; got a mesh with axes {names} and "
+            f"{len(wrong)} tensor(s) laid out otherwise, e.g. {wrong[0].placements if wrong else None}; shard the "
+            f"layers with the rule ('layers', 'pp') on a mesh of pp alone.")
     dim = names.index(PP)
-    size = mesh.size(dim)
+    size, rank = mesh.size(dim), mesh.get_local_rank(dim)
     if stages % size:
         raise PipelineError(f"{stages} stages do not split over pp={size}: use a multiple of {size} stages.")
-    place = _Stages(stages, mesh.get_group(dim), mesh.get_local_rank(dim), size)
-    local = tree_map(lambda t: t.to_local(), params)
-    return local, x.to_local(), place, lambda y: DTensor.from_local(y, mesh, [Replicate()] * len(names),
-                                                                   run_check=False)
+
+    def share(t):  # a tensor of every layer held whole (a key per layer) gives this process's layers
+        if isinstance(t, DTensor) and list(t.placements) == split:
+            return t.to_local()
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.reshape(size, -1, *t.shape[1:])[rank]
+
+    def local(t):  # held whole, but only the first stage's process reads it: the others add a zero gradient
+        return t.to_local(grad_placements=partial) if isinstance(t, DTensor) else t
+
+    partial = [Partial() if n == PP else Replicate() for n in names]
+    return (tree_map(share, params), local(x), {k: local(v) for k, v in extras.items()},
+            _Stages(stages, mesh.get_group(dim), rank, size),
+            lambda y: DTensor.from_local(y, mesh, whole, run_check=False))
 
 
-def pipeline(layer_fn: Callable[[PyTree, Tensor], Tensor], params: PyTree, x: Tensor, *, stages: int,
-             microbatches: int, repeats: int = 1) -> Tensor:
+def pipeline(layer_fn: Callable[..., Tensor], params: PyTree, x: Tensor, *, stages: int, microbatches: int,
+             repeats: int = 1, batch_kwargs: Optional[Dict[str, Tensor]] = None) -> Tensor:
     """`x` through every layer of `params` in order, scheduled as a pipeline of `stages`.
 
     Args:
-        layer_fn: `(one layer's params, h) -> h`, `h` of one microbatch (`vmap` runs it over stages).
+        layer_fn: `(one layer's params, h, **batch_kwargs) -> h`, `h` of one microbatch (`vmap` runs it over
+            the stages).
         params: the stacked layers, every leaf `[L, ...]`; on DTensor split by `L` over `pp`.
         x: `(B, ...)`, split into `microbatches` along dim 0.
         stages: pipeline stages `S`; each runs `L / (S * repeats)` consecutive layers per repeat.
         microbatches: `M >= S`.
         repeats: circular passes `R` through the stages (stage s holds layers of every repeat).
+        batch_kwargs: `(B, ...)` tensors each layer also gets, its microbatch's rows (segment ids, masks).
 
     Returns:
         `(B, ...)`, what applying the layers one after another gives.
@@ -168,34 +183,39 @@ def pipeline(layer_fn: Callable[[PyTree, Tensor], Tensor], params: PyTree, x: Te
         raise PipelineError("pipeline got no layer parameters: pass the stacked layers (leaves [L, ...]).")
     n_layers = leaves[0].shape[0]
     _check(n_layers, x.shape[0], stages, microbatches, repeats)
-    params, x, place, wrap = _local_inputs(params, x, stages)
+    params, x, extras, place, wrap = _local_inputs(params, x, dict(batch_kwargs or {}), stages)
     if place.size > 1 and repeats > 1:
         raise PipelineError(f"repeats={repeats} under pp={place.size} is not supported yet: run repeats=1.")
     per_stage = n_layers // (stages * repeats)
     staged = tree_map(lambda p: p.reshape(repeats, place.local, per_stage, *p.shape[1:]), params)
-    y = _schedule(layer_fn, staged, x, place, stages, microbatches, repeats)
-    return y if wrap is None else wrap(y)
+    if wrap is None:
+        return _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras)
+    from .partition_specs.sharding import use_sharding
+
+    with use_sharding(None):  # each process's stages compute on plain tensors: nothing to constrain
+        return wrap(_schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras))
 
 
-def _run_stage(layer_fn: Callable, stage_params: PyTree, h: Tensor) -> Tensor:
+def _run_stage(layer_fn: Callable, stage_params: PyTree, h: Tensor, extras: Dict[str, Tensor]) -> Tensor:
     n = tree_leaves(stage_params)[0].shape[0]
     for j in range(n):
-        h = layer_fn(tree_map(lambda p: p[j], stage_params), h)
+        h = layer_fn(tree_map(lambda p: p[j], stage_params), h, **extras)
     return h
 
 
 def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, stages: int, microbatches: int,
-              repeats: int) -> Tensor:
+              repeats: int, extras: Optional[Dict[str, Tensor]] = None) -> Tensor:
     # Every process runs the same ops and takes every shift's backward (a process that dropped a
     # shifted buffer would skip its backward exchange and leave the others waiting): what differs
     # by process is chosen by `torch.where`, whose unchosen side gets a zero gradient.
     S, M, R = stages, microbatches, repeats
     mbs = list(x.reshape(M, x.shape[0] // M, *x.shape[1:]).unbind(0))
+    extras = {k: v.reshape(M, v.shape[0] // M, *v.shape[1:]) for k, v in (extras or {}).items()}
     zero = torch.zeros_like(mbs[0])
     buffer = zero.unsqueeze(0).expand(place.local, *zero.shape)
     first_process = torch.tensor(place.first == 0, device=x.device)
     returned: List[Tensor] = [zero] * M  # what came back to slot 0 (stage 0's on the first process)
-    run = torch.func.vmap(lambda p, h: _run_stage(layer_fn, p, h))
+    run = torch.func.vmap(lambda p, h, e: _run_stage(layer_fn, p, h, e))
     for i in range(R * M + S - 1):
         if i < R * M:  # microbatch i % M enters stage 0, for the first time or the next repeat
             entering = torch.where(first_process, mbs[i % M] if i < M else returned[i % M], buffer[0])
@@ -204,7 +224,9 @@ def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, sta
         working = torch.tensor([0 <= i - g < R * M for g in global_stage], device=x.device)
         inputs = torch.where(working.view(-1, *[1] * zero.dim()), buffer, zero)  # the bubble computes on zeros
         rep = [min(max((i - g) // M, 0), R - 1) for g in global_stage]
-        buffer = place.shift(run(tree_map(lambda p: _pick(p, rep), staged), inputs))
+        mine = [(i - g) % M for g in global_stage]  # the microbatch each stage holds now
+        batch_rows = {k: v[mine] for k, v in extras.items()}
+        buffer = place.shift(run(tree_map(lambda p: _pick(p, rep), staged), inputs, batch_rows))
         done = i - (S - 1)  # the microbatch the last stage finished, now in slot 0 of the first process
         if 0 <= done < R * M:
             returned[done % M] = buffer[0]

@@ -67,6 +67,11 @@ class TrainConfig:
     """Training steps."""
     microbatches: int = 1
     """Gradient-accumulation microbatches inside one step."""
+    pipeline_microbatches: Optional[int] = None
+    """Under a mesh with pp: the pipeline cuts each (gradient-accumulation) batch into this many, >= the
+    stages (None: one per stage; more shrink the bubble, (pp - 1) / (repeats * this + pp - 1))."""
+    pipeline_repeats: int = 1
+    """Under a mesh with pp: circular passes through the stages (each holds every repeat's layers)."""
     compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Forward/backward dtype; master params, gradients, optimizer and loss stay float32. auto: bfloat16 on a
     CUDA GPU that supports it, else float32 (ember.launch.precision)."""
@@ -105,9 +110,12 @@ class TrainConfig:
     """Also keep the best checkpoint by this metric: "eval_loss" (lower is better) or "name:max"."""
 
     def __post_init__(self) -> None:
-        check_fields(self, steps=positive_int, microbatches=positive_int, seed=non_negative_int,
+        check_fields(self, steps=positive_int, microbatches=positive_int, pipeline_repeats=positive_int,
+                     seed=non_negative_int,
                      log_every=positive_int, eval_every=non_negative_int, eval_batches=positive_int,
                      sample_tokens=non_negative_int, keep=non_negative_int)
+        if self.pipeline_microbatches is not None:
+            check_fields(self, pipeline_microbatches=positive_int)
         if self.keep_best:
             self._check_keep_best()
 

@@ -23,12 +23,15 @@ import torch.distributed as dist
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import (MESH_ORDER, Sharding, for_mesh, resolve_tree, shard, shard_batch,
                                         use_sharding)
+from ember.core.pipeline import PipelineSchedule
 from ember.core.pytree import tree_map
 from ember.models.layers.moe import check_tensor_parallel
 
 
-def setup(mesh_text: Optional[str], *, nproc_per_node: Optional[int] = None) -> Optional[Sharding]:
-    """The run's `Sharding`, or None for a plain single-process run (no `--mesh`, no torchrun).
+def setup(mesh_text: Optional[str], *, nproc_per_node: Optional[int] = None,
+          pipeline: Optional[PipelineSchedule] = None) -> Optional[Sharding]:
+    """The run's `Sharding`, or None for a plain single-process run (no `--mesh`, no torchrun); `pipeline`
+    is how stacked layers run when the mesh has `pp`.
 
     Raises:
         MeshError: the mesh does not use exactly `WORLD_SIZE` processes (says what would fit).
@@ -49,15 +52,20 @@ def setup(mesh_text: Optional[str], *, nproc_per_node: Optional[int] = None) -> 
             f"torchrun), or drop --mesh for a single process (launch/tpu_pod.py runs a mesh on torch_xla)."
         )
     mesh = Mesh.parse(mesh_text or "dp=-1", devices=world, backend="dtensor").in_order(MESH_ORDER)
-    return Sharding(mesh, for_mesh(mesh.names))
+    return Sharding(mesh, for_mesh(mesh.names), pipeline=pipeline)
 
 
-def _has_experts(axes: Any) -> bool:
-    """True if some parameter of the `axes` tree has the logical axis "expert"."""
+def pipeline_schedule(cfg: Any) -> PipelineSchedule:
+    """The run config's pipeline options (`--pipeline_microbatches`, `--pipeline_repeats`)."""
+    return PipelineSchedule(cfg.pipeline_microbatches, cfg.pipeline_repeats)
+
+
+def _has_axis(axes: Any, name: str) -> bool:
+    """True if some parameter of the `axes` tree has the logical axis `name`."""
     if isinstance(axes, tuple) and all(a is None or isinstance(a, str) for a in axes):
-        return "expert" in axes
+        return name in axes
     values = axes.values() if isinstance(axes, dict) else axes if isinstance(axes, (list, tuple)) else ()
-    return any(_has_experts(v) for v in values)
+    return any(_has_axis(v, name) for v in values)
 
 
 def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, *, say: Callable[[str], None]) -> None:
@@ -65,16 +73,23 @@ def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, 
 
     The ready-made layout is resolved against the model's parameter shapes (e.g. 8 experts over `ep=3`
     is refused, naming the degrees that fit); a compiled mixture of experts under `tp` is refused where
-    torch computes it wrong; `ep` on a model without experts is no mistake (it is then one more batch
-    axis, as `dp`), but `say` gets a one-line notice.
+    torch computes it wrong; `pp` needs the blocks as one stack (`scan_layers`) without experts; `ep` on a
+    model without experts is no mistake (it is then one more batch axis, as `dp`), but `say` gets a
+    one-line notice.
     """
     mesh = getattr(sharding, "mesh", sharding)
     if mesh is None:
         return
     resolve_tree(model.axes, for_mesh(mesh.names).params, mesh_sizes=mesh.sizes(), shapes=model.param_shapes())
     check_moe_tensor_parallel(backend, mesh, model)
-    ep = mesh.sizes().get("ep", 1)
-    if ep > 1 and not _has_experts(model.axes):
+    ep, pp = mesh.sizes().get("ep", 1), mesh.sizes().get("pp", 1)
+    if pp > 1 and not _has_axis(model.axes, "layers"):
+        raise ValueError(f"--mesh {mesh} splits the layers into pp={pp} stages, but this model's blocks are a list, not "
+                         f"one stack: pass --model.scan_layers true (or drop pp from the mesh).")
+    if pp > 1 and _has_axis(model.axes, "expert"):
+        raise ValueError(f"--mesh {mesh}: pp does not run mixture-of-experts stacks yet (their layers carry router "
+                         f"statistics besides the activations); drop pp from the mesh (ep, fsdp and tp split them).")
+    if ep > 1 and not _has_axis(model.axes, "expert"):
         say(f"note: --mesh {mesh} splits experts over ep={ep}, but this model has none: ep acts as one more "
             f"data-parallel axis here (the same as dp={ep})")
 

@@ -20,7 +20,7 @@ from ember.core.partition_specs.report import describe_sharding
 from ember.launch import build, checkpointing
 from ember.launch.interrupt import GracefulStop
 from ember.launch.run_config import TrainConfig
-from ember.launch.sharded import check_mesh
+from ember.launch.sharded import check_mesh, pipeline_schedule
 
 __all__ = ["train"]
 
@@ -36,7 +36,8 @@ def train(cfg: TrainConfig, args: argparse.Namespace, *, say: Callable[..., None
     mesh = Mesh.parse(args.mesh, devices=xr.global_runtime_device_count(), backend="xla").in_order(MESH_ORDER)
     model = build.build_model(cfg)
     check_mesh("xla", mesh, model, say=say)  # e.g. experts that do not split over ep; ep on a dense model
-    tokenizer, sharding = build.build_tokenizer(cfg, model), Sharding(mesh, for_mesh(mesh.names))
+    tokenizer, sharding = build.build_tokenizer(cfg, model), Sharding(mesh, for_mesh(mesh.names),
+                                                                   pipeline=pipeline_schedule(cfg))
     state0 = build.initial_state(cfg, model)
     say(f"{sharding.lowering!r}, {xr.process_count()} process(es)")
     say(describe_sharding(state0, sharding, axes=model.axes))

@@ -49,7 +49,8 @@ def main(argv=None):
         return None
     if args.nproc_per_node is not None and "WORLD_SIZE" not in os.environ:
         return start_ranks(cfg, model, args, argv)
-    sharding = sharded.setup(args.mesh, nproc_per_node=args.nproc_per_node)  # None unless under torchrun or --mesh
+    sharding = sharded.setup(args.mesh, nproc_per_node=args.nproc_per_node,  # None unless under torchrun or --mesh
+                             pipeline=sharded.pipeline_schedule(cfg))
     say_once = print if sharded.is_main() and not ranks.checked() else ranks.quiet  # a launcher said it already
     sharded.check_mesh(cfg.backend, sharding, model, say=say_once)
     precision.check_cuda_graph(cfg, sharding)

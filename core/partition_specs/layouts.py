@@ -85,15 +85,16 @@ ACTIVATION_RULES = Rules([
     ("vocab", "tp"),
     ("embed", None),
     ("head_dim", None),
-    ("layers", None),
+    ("layers", "pp"),
 ])
 
-MESH_ORDER = ("dp", "fsdp", "ep", "tp")
-"""The order of the ready-made layout's mesh axes, major first (`Mesh.in_order`): a batch split over
+MESH_ORDER = ("pp", "dp", "fsdp", "ep", "tp")
+"""The order of the ready-made layout's mesh axes, major first (`Mesh.in_order`): pipeline stages
+outermost (their exchange is the smallest), then a batch split over
 `(dp, fsdp, ep)` then leaves each `ep` group one block of `(dp, fsdp)`'s share, so the MoE token
 exchange is an all-to-all within `ep`."""
 
-_TP_WEIGHTS = [("layers", None), ("expert", "ep"), ("vocab", "tp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp")]
+_TP_WEIGHTS = [("layers", "pp"), ("expert", "ep"), ("vocab", "tp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp")]
 _WHOLE = [("layers", None), ("expert", None), ("vocab", None), ("heads", None), ("kv_heads", None), ("mlp", None),
           ("embed", None)]
 
@@ -119,21 +120,22 @@ def tensor_parallel(axis: str = "tp") -> Layout:
 
 
 def fsdp_tp() -> Layout:
-    """The general layout over mesh axes `dp`, `fsdp`, `tp`, `ep` (use `restrict_to` / `for_mesh` for fewer)."""
+    """The general layout over mesh axes `dp`, `fsdp`, `tp`, `ep`, `pp` (stacked layers split by stage; use
+    `restrict_to` / `for_mesh` for fewer)."""
     return Layout(Rules(_TP_WEIGHTS) + [("embed", "fsdp")] + _WHOLE, ACTIVATION_RULES, "fsdp_tp")
 
 
 def for_mesh(mesh_names: Sequence[str]) -> Layout:
-    """`fsdp_tp()` restricted to the axes of a mesh whose axes are among `dp`, `fsdp`, `tp`, `ep`.
+    """`fsdp_tp()` restricted to the axes of a mesh whose axes are among `dp`, `fsdp`, `tp`, `ep`, `pp`.
 
     Raises:
         ShardingRuleError: the mesh has an axis the ready-made layout does not use (name your own rules).
     """
     names = tuple(getattr(mesh_names, "names", mesh_names))
-    unknown = [n for n in names if n not in ("dp", "fsdp", "tp", "ep")]
+    unknown = [n for n in names if n not in ("dp", "fsdp", "tp", "ep", "pp")]
     if unknown:
         raise ShardingRuleError(
-            f"mesh axis {unknown[0]!r} is not used by the ready-made layout (axes dp, fsdp, tp, ep); rename it, or "
+            f"mesh axis {unknown[0]!r} is not used by the ready-made layout (axes dp, fsdp, tp, ep, pp); rename it, or "
             f"pass your own rules, e.g. Layout.same([('batch', {unknown[0]!r}), ...])."
         )
     return fsdp_tp().restrict_to(names)

@@ -85,11 +85,14 @@ class Sharding:
         mesh: the named mesh (its backend picks the lowering).
         layout: a `Layout`, or a list of rules used for both mappings.
         lowering: override the backend lowering (tests); built from `mesh.backend` by default.
+        pipeline: how stacked layers run when the mesh has `pp` (`ember.core.pipeline.PipelineSchedule`;
+            None: its defaults).
     """
 
     mesh: Mesh
     layout: Layout
     lowering: Optional[Lowering] = None
+    pipeline: Any = None
 
     def __post_init__(self) -> None:
         layout = self.layout if isinstance(self.layout, Layout) else Layout.same(self.layout)

@@ -43,6 +43,8 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from torch import Tensor
 
 from ...core import pytree, random
+from ...core.partition_specs import current_sharding
+from ...core.pipeline import PipelineError, PipelineSchedule, pipeline
 from ...core.remat_policies import remat_policy
 from ...core.transforms import remat as _remat
 from ...core.transforms import remat_scan
@@ -59,6 +61,19 @@ def _apply_layer(layer: Module, carry: PyTree, xs: Tuple[Params, Optional[Tensor
 
 def _layer_keys(key: Optional[Key], n: int) -> Optional[Tensor]:
     return None if key is None else random.split(key, n)  # (n,) int64
+
+
+def _pipeline_stages() -> int:
+    """The `pp` degree of the active sharding's mesh (1 without one)."""
+    sharding = current_sharding()
+    return 1 if sharding is None else sharding.mesh.sizes().get("pp", 1)
+
+
+def _refuse_unstacked(what: str) -> None:
+    if _pipeline_stages() > 1:
+        raise PipelineError(
+            f"the mesh has pp={_pipeline_stages()} but the model's layers are {what}, not one stack the stages can "
+            f"split: build it with scan_layers=True (--model.scan_layers true) and every block alike.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +127,7 @@ class Sequential(Module):
         `remat_scan(..., per_layer=True)`: in ember's Inductor step one rolled loop each way, compiled
         once whatever the depth, over the layers' own parameters; elsewhere the layers one after the other.
         """
+        _refuse_unstacked("a list (Sequential)")
         keys = _layer_keys(key, len(self.layers))
         for first, end in self._runs:
             layer = self.layers[first]
@@ -172,9 +188,31 @@ class Stacked(Module):
     def apply_with_keys(self, params: Params, x: PyTree, keys: Optional[Tensor], **kwargs: Any) -> PyTree:
         """`apply` with the layers' keys given, `(num_layers,)` or None."""
 
+        if _pipeline_stages() > 1:
+            return self._pipelined(params, x, keys, kwargs)
         # x may be a tree: a mixture of experts' router statistics ride along with the activations
         return remat_scan(functools.partial(_apply_layer, self.layer), x, (params, keys), kwargs,
                           policy=self.remat, name="ember.Stacked")
+
+    def _pipelined(self, params: Params, x: PyTree, keys: Optional[Tensor], kwargs: Any) -> Tensor:
+        """The layers as `pp` stages (`ember.core.pipeline`): per-example kwargs (`(B, T)` segment ids,
+        masks, positions) travel with their microbatch; the rest reach every layer as they are."""
+        if not isinstance(x, Tensor):
+            raise PipelineError(
+                f"pp runs stacks whose layers carry one tensor; this one carries {type(x).__name__} (a mixture of "
+                f"experts' router statistics): drop pp from the mesh for this model.")
+        per_example = {k: v for k, v in kwargs.items() if isinstance(v, Tensor) and v.dim() >= 2
+                       and v.shape[0] == x.shape[0]}
+        shared = {k: v for k, v in kwargs.items() if k not in per_example}
+        stages = _pipeline_stages()
+        schedule = current_sharding().pipeline or PipelineSchedule()
+        layers = {"params": params} if keys is None else {"params": params, "key": keys}
+
+        def layer_fn(p, h, **rows):
+            return self.layer.apply(p["params"], h, key=p.get("key"), **shared, **rows)
+
+        return pipeline(layer_fn, layers, x, stages=stages, microbatches=schedule.microbatches or stages,
+                        repeats=schedule.repeats, batch_kwargs=per_example)
 
     def stack(self, per_layer: Sequence[Params]) -> Params:
         """This module's params from a list of per-layer params (`Sequential`'s layout)."""

@@ -102,6 +102,14 @@ def test_bad_schedules_are_refused_in_one_line_with_the_fix(layers, stages, micr
     assert "\n" not in str(err.value)
 
 
+def test_a_rule_sharding_two_dimensions_over_pp_is_refused_with_the_fix():
+    from ember.core.partition_specs import ShardingRuleError
+    from ember.core.partition_specs.rules import Rules, resolve
+
+    with pytest.raises(ShardingRuleError, match="would use mesh axis 'pp' twice in one tensor.*add a fallback"):
+        resolve(("layers", "embed"), Rules([("layers", "pp"), ("embed", "pp")]), mesh_sizes={"pp": 2}, name="w")
+
+
 @pytest.fixture(scope="module")
 def gloo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipeline")

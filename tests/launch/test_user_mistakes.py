@@ -46,6 +46,10 @@ MISTAKES = {
     "too-short": (["--data.source", "text", "--data.path", "{root}/short.txt"], "needs at least 33 tokens"),
     "no-such-step": (["--resume_step", "7"], "--resume_step 7: no checkpoint for step 7 in .*saved steps: 2"),
     "mesh-without-torchrun": (["--mesh", "dp=2"], "start it as `python launch/train.py --nproc-per-node N --mesh dp=2"),
+    "pp-blocks-unstacked": (["--nproc-per-node", "2", "--mesh", "pp=2"],
+                            "this model's blocks are a list, not one stack: pass --model.scan_layers true"),
+    "pp-layers-uneven": (["--nproc-per-node", "2", "--mesh", "pp=2", "--model.scan_layers", "true"],
+                         r"dimension 0 \('layers'\) has size 1, which does not divide by pp=2"),
     "cuda-graph-eager": (["--cuda_graph", "True"], "--cuda_graph True captures the Inductor-compiled step, but "
                                                    "--backend eager compiles none; pass --backend inductor"),
 }

@@ -1,0 +1,51 @@
+"""`launch/train.py --mesh pp=2` under torchrun (gloo, Inductor): a stacked `llama3_tiny` split into two
+pipeline stages of two layers, four pipeline microbatches, against the same run in one process; its
+checkpoint then resumes in one process (the stacked layers' layout does not change with pp)."""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ember.launch.metrics_log import read_metrics
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# a constant learning rate: a schedule over --steps would differ between a 2-step run resumed to 4 and a 4-step run
+SHORT = ["--model.scan_layers", "true", "--data.max_bytes", "300000", "--log_every", "1", "--eval_every", "0",
+         "--sample_tokens", "0", "--optim.schedule", "constant", "--pipeline_microbatches", "4"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+STEPS = 4
+
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
+                                 reason="the torch_xla environment runs the launchers as tpu_pod.py"),
+              pytest.mark.xdist_group("torchrun_pipeline")]  # one worker runs the module: its reference runs once
+
+
+def _train(out: pathlib.Path, *prefix: str, args=()) -> list:
+    xla = {"PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS"}  # an earlier XLA test may have set them
+    env = {**{k: v for k, v in os.environ.items() if k not in xla}, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "CUDA_VISIBLE_DEVICES": ""}  # gloo ranks on the CPU, a GPU host too
+    cmd = [*prefix, str(ROOT / "launch" / "train.py"), *SHORT, *args, "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT, start_new_session=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    return [(r["step"], r["loss"]) for r in read_metrics(out) if "loss" in r]
+
+
+def _assert_same(got, want):
+    assert [s for s, _ in got] == [s for s, _ in want]
+    torch.testing.assert_close(torch.tensor([x for _, x in got]), torch.tensor([x for _, x in want]), rtol=0, atol=2e-4)
+
+
+@pytest.mark.slow
+def test_pp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory):
+    single = _train(tmp_path_factory.mktemp("pp_single") / "run", sys.executable, args=["--steps", str(STEPS)])
+    run = tmp_path_factory.mktemp("pp_mesh") / "run"
+    first = _train(run, *TORCHRUN, args=["--mesh", "pp=2", "--steps", "2", "--checkpoint_every", "0"])
+    _assert_same(first, single[:2])
+    _train(run, sys.executable, args=["--steps", str(STEPS), "--resume", "--checkpoint_every", "0"])
+    resumed = [(s, x) for s, x in [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r] if s > 2]
+    _assert_same(resumed, single[2:])

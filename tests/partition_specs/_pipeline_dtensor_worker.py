@@ -1,0 +1,112 @@
+"""Worker for `test_pipeline_dtensor.py`: a tiny stacked Llama trained over the mesh `pp=2` (gloo).
+
+    python tests/partition_specs/_pipeline_dtensor_worker.py --out DIR
+
+Two processes; for each case of `CASES` every rank builds `setup()`'s state and batches, shards them
+with `Sharding(mesh, for_mesh(...), pipeline=PipelineSchedule(microbatches))`, takes the first batch's
+gradients and runs `STEPS` SGD steps inside `use_sharding`. Each rank writes `DIR/results_<rank>.json`:
+losses, gradients and final parameters (its copies, gathered whole), and each parameter's local shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import traceback
+
+import torch
+
+LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=4, ffn_dim=64, max_seq_len=16,
+             scan_layers=True)
+BATCH, SEQ, STEPS, LR = 8, 16, 3, 0.5
+CASES = {"eager": (4, False), "compiled": (4, True), "eager, 2 microbatches": (2, False)}  # microbatches, jit
+
+
+def setup():
+    """(model, tx, state, batches, loss_fn): the same on every process and in the one-device reference."""
+    from ember import optim
+    from ember.core import TrainState, random
+    from ember.models import build_model, lm_loss
+
+    model = build_model("llama3", "tiny", **LLAMA)
+    tx = optim.sgd(LR)
+    state = TrainState.create(params=model.init(random.key(0)), tx=tx, key=random.key(1))
+    tokens = random.randint(random.key(2), (STEPS, BATCH, SEQ + 1), 0, LLAMA["vocab_size"])
+    segment_ids = torch.ones(BATCH, SEQ, dtype=torch.int64)
+    segment_ids[:, SEQ // 2:] = 2  # two packed documents a row: the mask travels with its microbatch
+    batches = [{"inputs": t[:, :-1], "targets": t[:, 1:], "segment_ids": segment_ids} for t in tokens]
+    return model, tx, state, batches, lm_loss(model)
+
+
+def grads_of(loss_fn, params, batch):
+    """Gradients of the batch's mean loss."""
+    from ember.core import grad
+
+    def mean_loss(p):
+        loss, _ = loss_fn(p, batch, key=None)
+        return loss.mean()
+
+    return grad(mean_loss)(params)
+
+
+def _run(microbatches: int, compiled: bool) -> dict:
+    from ember.core.jit import jit
+    from ember.core.mesh import Mesh
+    from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
+    from ember.core.pipeline import PipelineSchedule
+    from ember.core.pytree import tree_leaves_with_path
+    from ember.core.step_fns import train_step
+
+    model, tx, state, batches, loss_fn = setup()
+    mesh = Mesh.parse("pp=2", devices=2, backend="dtensor")
+    sharding = Sharding(mesh, for_mesh(mesh.names), pipeline=PipelineSchedule(microbatches))
+    low = sharding.lowering
+    state = shard(state, sharding, axes=model.axes)
+    step = train_step(loss_fn, tx)
+    if compiled:
+        step = jit(step, backend="inductor")
+    with use_sharding(sharding):
+        grads = grads_of(loss_fn, state.params, shard_batch(batches[0], sharding))
+        losses = []
+        for batch in batches:
+            state, metrics = step(state, shard_batch(batch, sharding))
+            losses.append(float(low.gather(metrics["loss"])))
+    return {"losses": losses,
+            "grads": {p: low.gather(g).tolist() for p, g in tree_leaves_with_path(grads)},
+            "params": {p: low.gather(x).tolist() for p, x in tree_leaves_with_path(state.params)},
+            "local": {p: list(low.local_shape(x)) for p, x in tree_leaves_with_path(state.params)}}
+
+
+def _worker(rank: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), 2), rank=rank, world_size=2)
+    results = {}
+    try:
+        for name, (microbatches, compiled) in CASES.items():
+            try:
+                results[name] = _run(microbatches, compiled)
+            except Exception:  # report every case, not only the first failure
+                results[name] = {"error": traceback.format_exc()[-4000:]}
+        with open(os.path.join(out, f"results_{rank}.json"), "w") as f:  # every rank: none may drift
+            json.dump(results, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    import torch.multiprocessing as mp
+
+    os.makedirs(args.out, exist_ok=True)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
+    mp.start_processes(_worker, args=(args.out,), nprocs=2, start_method="spawn")
+
+
+if __name__ == "__main__":
+    main()
