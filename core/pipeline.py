@@ -43,6 +43,7 @@ from .types import PyTree
 __all__ = ["PipelineError", "PipelineSchedule", "bubble_fraction", "pipeline"]
 
 PP = "pp"
+LAYERS = "layers"  # the logical axis of the stacked layers, which the rule ("layers", "pp") splits
 
 
 class PipelineError(ValueError):
@@ -89,14 +90,15 @@ class _Stages:
     """Where this process's stages sit: `first`, the global index of its first stage, `local` of them,
     and the `pp` process group it exchanges with (None: one process holds every stage)."""
 
-    def __init__(self, stages: int, group: Any = None, rank: int = 0, size: int = 1):
-        self.local, self.group, self.rank, self.size = stages // size, group, rank, size
+    def __init__(self, stages: int, group: Any = None, rank: int = 0, size: int = 1,
+                 pin: Callable[[Tensor], Tensor] = lambda t: t):
+        self.local, self.group, self.rank, self.size, self.pin = stages // size, group, rank, size, pin
         self.first = rank * self.local
 
     def shift(self, out: Tensor) -> Tensor:
         """The buffer one stage along, circularly: slot s gets stage s-1's output, slot 0 the last stage's."""
         if self.group is None:
-            return torch.roll(out, 1, dims=0)
+            return self.pin(torch.roll(out, 1, dims=0))
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
         last = out[-1]
@@ -188,12 +190,16 @@ def pipeline(layer_fn: Callable[..., Tensor], params: PyTree, x: Tensor, *, stag
         raise PipelineError(f"repeats={repeats} under pp={place.size} is not supported yet: run repeats=1.")
     per_stage = n_layers // (stages * repeats)
     staged = tree_map(lambda p: p.reshape(repeats, place.local, per_stage, *p.shape[1:]), params)
-    if wrap is None:
-        return _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras)
-    from .partition_specs.sharding import use_sharding
+    from .partition_specs.sharding import constrain, current_sharding, use_sharding
 
-    with use_sharding(None):  # each process's stages compute on plain tensors: nothing to constrain
-        return wrap(_schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras))
+    sharding = current_sharding()
+    if wrap is None and (sharding is None or sharding.mesh.sizes().get(PP, 1) == 1):
+        return _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras)
+    if wrap is None:  # torch_xla: one program of every stage, the stage buffer pinned to pp
+        place.pin = lambda t: constrain(t, (LAYERS,) + (None,) * (t.dim() - 1), sharding=sharding)
+    with use_sharding(None):  # the layers inside a stage constrain nothing (the stage's vmap has no rule)
+        y = _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras)
+    return y if wrap is None else wrap(y)
 
 
 def _run_stage(layer_fn: Callable, stage_params: PyTree, h: Tensor, extras: Dict[str, Tensor]) -> Tensor:
@@ -222,7 +228,7 @@ def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, sta
             buffer = torch.cat([entering.unsqueeze(0), buffer[1:]])
         global_stage = range(place.first, place.first + place.local)
         working = torch.tensor([0 <= i - g < R * M for g in global_stage], device=x.device)
-        inputs = torch.where(working.view(-1, *[1] * zero.dim()), buffer, zero)  # the bubble computes on zeros
+        inputs = place.pin(torch.where(working.view(-1, *[1] * zero.dim()), buffer, zero))  # the bubble: zeros
         rep = [min(max((i - g) // M, 0), R - 1) for g in global_stage]
         mine = [(i - g) % M for g in global_stage]  # the microbatch each stage holds now
         batch_rows = {k: v[mine] for k, v in extras.items()}

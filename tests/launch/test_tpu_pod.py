@@ -105,3 +105,33 @@ def test_checkpoints_and_resumes_where_it_stopped(tmp_path):
     assert "resumed from step 2" in out
     resumed = dict(re.findall(r"^step (\d+): loss ([\d.]+)", out, re.M))
     assert sorted(resumed) == ["3", "4"] and all(resumed[s] == straight[s] for s in resumed), (resumed, straight)
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory):
+    """`--mesh pp=2` on 2 virtual devices, XLA's optimized HLO dumped beside the run."""
+    root = tmp_path_factory.mktemp("pod_pp")
+    args = ["--mesh", "pp=2", *TINY, "--model.scan_layers", "true", "--pipeline_microbatches", "4",
+            "--out", str(root / "run")]
+    rc, out, err = _run(args, XLA_FLAGS=f"--xla_dump_to={root / 'hlo'} --xla_dump_hlo_as_text")
+    return rc, out, err, root / "hlo"
+
+
+@pytest.mark.xla
+def test_pipeline_stages_train_as_one_device_with_the_shift_a_collective_permute(pipeline_run):
+    """Two stages of one layer, 4 microbatches of 2 sequences (32 tokens, d=192): the step's HLO moves one
+    stage's buffer by collective-permute, forward and backward, and never gathers the stage buffer."""
+    import glob
+
+    sys.path.insert(0, str(ROOT / "tests" / "partition_specs"))
+    from _xla_comm_hlo import count_collectives
+
+    rc, out, err, hlo = pipeline_run
+    assert rc == 0, err[-4000:]
+    assert "check passed" in out
+    assert [int(c) for c in re.findall(r"^step \d+: loss [\d.]+, compiled (\d+)$", out, re.M)] == [1, 0, 0]
+    step = max(glob.glob(str(hlo / "*SyncTensorsGraph*after_optimizations.txt")), key=os.path.getsize)
+    found = count_collectives(open(step).read())
+    stage = "f32[1,2,32,192]"  # one stage's slot of the buffer: (local stages, microbatch, tokens, width)
+    assert sum(s.startswith(stage) for s in found.get("collective-permute", [])) >= 2 * (4 + 2 - 1)
+    assert not [s for s in found.get("all-gather", []) if s.startswith("f32[2,2,32,192]")]  # the buffer stays split
