@@ -224,7 +224,25 @@ def describe_sharding(
         (r.path, str(r.shape), str(tuple(r.spec)), str(r.local_shape)) for r in shown
     ]
     head = f"mesh {mesh} ({mesh.size} devices, {mesh.backend}), layout {layout.name}"
-    return "\n".join([head] + _columns(table) + _experts_line(rows, axes) + [str(memory_per_device(rows))])
+    return "\n".join([head] + _columns(table) + _experts_line(rows, axes) + _stages_line(rows, axes, mesh, sharding)
+                     + [str(memory_per_device(rows))])
+
+
+def _stages_line(rows: Sequence[ShardRow], axes: Any, mesh: Mesh, sharding: Any) -> List[str]:
+    """`["pipeline: S stages of l layers (of L), M microbatches x R repeats, bubble b%"]` under `pp`, else `[]`."""
+    from ..pipeline import PipelineSchedule, bubble_fraction
+
+    stages = mesh.sizes().get("pp", 1)
+    flat, _ = tree_flatten_with_path(axes, is_leaf=lambda a: isinstance(a, tuple))
+    stacked = {pytree.keystr(p): a.index("layers") for p, a in flat if isinstance(a, tuple) and "layers" in a}
+    row = next((r for r in rows if r.kind == "param" and r.path in stacked), None)
+    if stages == 1 or row is None:
+        return []
+    schedule = getattr(sharding, "pipeline", None) or PipelineSchedule()
+    microbatches, repeats = schedule.microbatches or stages, schedule.repeats
+    layers = row.shape[stacked[row.path]]
+    return [f"pipeline: {stages} stages of {layers // (stages * repeats)} layers (of {layers}), {microbatches} "
+            f"microbatches x {repeats} repeat(s), bubble {bubble_fraction(stages, microbatches, repeats):.1%}"]
 
 
 def _experts_line(rows: Sequence[ShardRow], axes: Any) -> List[str]:

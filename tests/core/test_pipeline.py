@@ -102,6 +102,17 @@ def test_bad_schedules_are_refused_in_one_line_with_the_fix(layers, stages, micr
     assert "\n" not in str(err.value)
 
 
+def test_the_sharding_report_shows_stages_layers_and_the_bubble():
+    from ember.core.mesh import Mesh
+    from ember.core.partition_specs.report import describe_sharding
+
+    axes = {"blocks": {"w": ("layers", "embed", "mlp")}, "wte": ("vocab", "embed")}
+    params = {"blocks": {"w": torch.empty(8, 4, 4, device="meta")}, "wte": torch.empty(16, 4, device="meta")}
+    report = describe_sharding(params, Mesh.parse("pp=4", backend="xla"), axes=axes)
+    assert "pipeline: 4 stages of 2 layers (of 8), 4 microbatches x 1 repeat(s), bubble 42.9%" in report
+    assert "pipeline" not in describe_sharding(params, Mesh.parse("dp=4", backend="xla"), axes=axes)
+
+
 def test_a_rule_sharding_two_dimensions_over_pp_is_refused_with_the_fix():
     from ember.core.partition_specs import ShardingRuleError
     from ember.core.partition_specs.rules import Rules, resolve

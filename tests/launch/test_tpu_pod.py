@@ -129,6 +129,7 @@ def test_pipeline_stages_train_as_one_device_with_the_shift_a_collective_permute
     rc, out, err, hlo = pipeline_run
     assert rc == 0, err[-4000:]
     assert "check passed" in out
+    assert "pipeline: 2 stages of 1 layers (of 2), 4 microbatches x 1 repeat(s), bubble 20.0%" in out  # the report
     assert [int(c) for c in re.findall(r"^step \d+: loss [\d.]+, compiled (\d+)$", out, re.M)] == [1, 0, 0]
     step = max(glob.glob(str(hlo / "*SyncTensorsGraph*after_optimizations.txt")), key=os.path.getsize)
     found = count_collectives(open(step).read())
