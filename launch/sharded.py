@@ -80,15 +80,18 @@ def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, 
     mesh = getattr(sharding, "mesh", sharding)
     if mesh is None:
         return
-    resolve_tree(model.axes, for_mesh(mesh.names).params, mesh_sizes=mesh.sizes(), shapes=model.param_shapes())
-    check_moe_tensor_parallel(backend, mesh, model)
     ep, pp = mesh.sizes().get("ep", 1), mesh.sizes().get("pp", 1)
     if pp > 1 and not _has_axis(model.axes, "layers"):
         raise ValueError(f"--mesh {mesh} splits the layers into pp={pp} stages, but this model's blocks are a list, not "
                          f"one stack: pass --model.scan_layers true (or drop pp from the mesh).")
+    if pp > 1 and mesh.backend == "dtensor" and len(mesh.names) > 1:
+        raise ValueError(f"--mesh {mesh}: on DTensor pp runs on a mesh of pp alone so far; use --mesh pp={pp} (torch_xla "
+                         f"runs pp beside dp, fsdp and tp: launch/tpu_pod.py --mesh {mesh}).")
     if pp > 1 and _has_axis(model.axes, "expert"):
         raise ValueError(f"--mesh {mesh}: pp does not run mixture-of-experts stacks yet (their layers carry router "
                          f"statistics besides the activations); drop pp from the mesh (ep, fsdp and tp split them).")
+    resolve_tree(model.axes, for_mesh(mesh.names).params, mesh_sizes=mesh.sizes(), shapes=model.param_shapes())
+    check_moe_tensor_parallel(backend, mesh, model)
     if ep > 1 and not _has_axis(model.axes, "expert"):
         say(f"note: --mesh {mesh} splits experts over ep={ep}, but this model has none: ep acts as one more "
             f"data-parallel axis here (the same as dp={ep})")

@@ -136,3 +136,13 @@ def test_pipeline_stages_train_as_one_device_with_the_shift_a_collective_permute
     stage = "f32[1,2,32,192]"  # one stage's slot of the buffer: (local stages, microbatch, tokens, width)
     assert sum(s.startswith(stage) for s in found.get("collective-permute", [])) >= 2 * (4 + 2 - 1)
     assert not [s for s in found.get("all-gather", []) if s.startswith("f32[2,2,32,192]")]  # the buffer stays split
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("mesh", ["pp=2,fsdp=2", "pp=2,tp=2"])
+def test_pipeline_stages_beside_fsdp_or_tp_train_as_one_device(tmp_path, mesh):
+    rc, out, err = _run(["--mesh", mesh, *TINY, "--model.scan_layers", "true", "--pipeline_microbatches", "4",
+                         "--out", str(tmp_path / "run")])
+    assert rc == 0, err[-4000:]
+    assert "check passed" in out
+    assert [int(c) for c in re.findall(r"^step \d+: loss [\d.]+, compiled (\d+)$", out, re.M)] == [1, 0, 0]

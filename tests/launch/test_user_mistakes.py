@@ -48,6 +48,8 @@ MISTAKES = {
     "mesh-without-torchrun": (["--mesh", "dp=2"], "start it as `python launch/train.py --nproc-per-node N --mesh dp=2"),
     "pp-blocks-unstacked": (["--nproc-per-node", "2", "--mesh", "pp=2"],
                             "this model's blocks are a list, not one stack: pass --model.scan_layers true"),
+    "pp-beside-fsdp-on-dtensor": (["--nproc-per-node", "4", "--mesh", "pp=2,fsdp=2", "--model.scan_layers", "true"],
+                                  "on DTensor pp runs on a mesh of pp alone so far; use --mesh pp=2"),
     "pp-layers-uneven": (["--nproc-per-node", "2", "--mesh", "pp=2", "--model.scan_layers", "true"],
                          r"dimension 0 \('layers'\) has size 1, which does not divide by pp=2"),
     "cuda-graph-eager": (["--cuda_graph", "True"], "--cuda_graph True captures the Inductor-compiled step, but "
