@@ -16,7 +16,9 @@ its stages' layers), each process runs its own stages on plain tensors and the s
 exchange: its last stage's buffer goes to the next process (`all_to_all_single` with one non-zero
 split, whose backward is the shift the other way), never an all-gather of the buffer. The output,
 held by the first stage's process, is broadcast to every process of `pp`. So far the DTensor form
-takes a mesh whose other axes replicate the layers, and one repeat.
+takes a mesh whose other axes replicate the layers, and one repeat. Under torch_xla SPMD the same code
+is one program over every stage: the stage buffer is pinned to `pp` (the rule of `"layers"`), XLA
+lowers the shift to a collective-permute, and the layers inside a stage constrain nothing.
 
 Example:
     >>> import torch
@@ -37,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .partition_specs.sharding import constrain, current_sharding, use_sharding
 from .pytree import tree_leaves, tree_map
 from .types import PyTree
 
@@ -79,7 +82,7 @@ def _check(n_layers: int, batch: int, stages: int, microbatches: int, repeats: i
     if microbatches < stages:
         raise PipelineError(
             f"{microbatches} microbatches are fewer than the {stages} stages: every stage would wait on one that "
-            f"never comes; use at least {stages} microbatches (--microbatches {stages}) or fewer stages.")
+            f"never comes; use at least {stages} microbatches (--pipeline_microbatches {stages}) or fewer stages.")
     if batch % microbatches:
         raise PipelineError(
             f"a batch of {batch} does not split into {microbatches} microbatches: the batch size must be a multiple "
@@ -190,8 +193,6 @@ def pipeline(layer_fn: Callable[..., Tensor], params: PyTree, x: Tensor, *, stag
         raise PipelineError(f"repeats={repeats} under pp={place.size} is not supported yet: run repeats=1.")
     per_stage = n_layers // (stages * repeats)
     staged = tree_map(lambda p: p.reshape(repeats, place.local, per_stage, *p.shape[1:]), params)
-    from .partition_specs.sharding import constrain, current_sharding, use_sharding
-
     sharding = current_sharding()
     if wrap is None and (sharding is None or sharding.mesh.sizes().get(PP, 1) == 1):
         return _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras)

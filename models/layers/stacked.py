@@ -22,6 +22,10 @@ recompute each layer's activations from its input, keeping only what the policy 
 elsewhere (eagerly, on torch_xla, on DTensor), one layer after the other, each wrapped in
 `ember.core.transforms.remat`. The costs are in BENCHMARKS.md ("How the step scales").
 
+Under a mesh with `pp` (the rule `("layers", "pp")`), `Stacked` runs its layers as pipeline stages
+(`ember.core.pipeline`, with the active `Sharding`'s `PipelineSchedule`); the stages keep every
+activation for the backward (GPipe), whatever `remat` says.
+
 Example:
     >>> import torch
     >>> from ember.core import random

@@ -1,6 +1,7 @@
 """A stacked Llama over the mesh `pp=2` (DTensor, gloo): `layers -> pp` splits the blocks by stage, and the
 step's gradients, SGD losses and final parameters equal one device's (eagerly, compiled by ember's `jit`,
-and with as few microbatches as stages); packed `segment_ids` travel with their microbatch."""
+and with as few microbatches as stages), on every process; packed `segment_ids` travel with their microbatch,
+and the tied embedding (read by the first stage, the head on every process) gets its whole gradient."""
 
 from __future__ import annotations
 
