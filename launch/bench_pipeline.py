@@ -3,6 +3,7 @@ device by pipeline degree.
 
     python launch/bench_pipeline.py                         # llama3_tiny's blocks, 2 and 4 stages
     python launch/bench_pipeline.py --markdown BENCHMARKS.md
+    python launch/bench_pipeline.py --compile-microbatches 4,16   # compile time of the step by microbatches
 
 Bubble: on one device every stage of an iteration runs one after the other, so an iteration costs one
 microbatch through the whole stack and the schedule's `R * M + S - 1` iterations cost `1 / (1 - bubble)`
@@ -62,6 +63,32 @@ def bubble_variants(batch: int = 16, seq: int = 64) -> list:
     return out
 
 
+def compile_seconds(microbatches: int, stages: int = 2) -> float:
+    """First call minus second of `jit(value_and_grad(loss), backend="inductor")` of `pipeline` over
+    `llama3_tiny`'s stacked blocks (4 layers), 2 sequences of 32 tokens a microbatch."""
+    import time
+
+    from ember.core import jit, value_and_grad
+
+    cfg = run_config("llama3_tiny").model.replace(scan_layers=True, n_layers=4)
+    model = build_model("llama3", cfg)
+    params, block = model.init(random.key(0))["blocks"], model.declare()["blocks"].layer
+    positions = torch.arange(32)
+    x = random.normal(random.key(1), (2 * microbatches, 32, cfg.d_model))
+
+    def loss(p, x):
+        return pipeline(lambda lp, h: block.apply(lp, h, positions=positions), p, x, stages=stages,
+                        microbatches=microbatches).square().mean()
+
+    step = jit(value_and_grad(loss), backend="inductor")
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        step(params, x)
+        times.append(time.perf_counter() - start)
+    return times[0] - times[1]
+
+
 def memory_rows(name: str, cfg, pps=(1, 2, 4)) -> list:
     model = build_model("llama3", cfg.replace(scan_layers=True))
     state = TrainState.create(params=model.param_shapes(), tx=optim.adamw(1e-3), key=torch.zeros((), dtype=torch.int64))
@@ -77,7 +104,12 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--markdown")
+    p.add_argument("--compile-microbatches", help="e.g. 4,16: only time the step's compile at these microbatches")
     args = p.parse_args(argv)
+    if args.compile_microbatches:
+        for m in [int(m) for m in args.compile_microbatches.split(",")]:
+            print(f"{m} microbatches: compile {compile_seconds(m):.1f} s", flush=True)
+        return 0
     vs = bubble_variants()
     timed = time_round_robin(vs, warmup=args.warmup, iters=args.iters)
     ms = {v.name: percentile(timed[v.name]["times"], 0.5) for v in vs}
