@@ -21,6 +21,7 @@ def _worker(rank: int, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
 
     import test_pipeline as T
     from ember.core.pipeline import pipeline
@@ -42,9 +43,13 @@ def _worker(rank: int, out: str) -> None:
                     return pipeline(T.layer, p, h, stages=stages, microbatches=4).square().mean()
 
                 step = torch.compile(fn, backend="inductor") if case.startswith("compiled") else fn
-                with _CollectiveCounter(counts):
+                with CommDebugMode() as comm:  # functional collectives, dispatched eagerly or traced
                     loss = step(dparams, dx)
                     grads = torch.autograd.grad(loss, [dparams["w"], dparams["b"], dx])
+                for op, n in comm.get_comm_counts().items():
+                    name = str(op)
+                    counts["all_to_alls"] += n if "all_to_all_single" in name else 0
+                    counts["all_gathers"] += n if "all_gather" in name else 0
                 whole = [g.full_tensor() for g in grads]
                 results[case] = {"loss_and_grads": [loss.full_tensor().tolist()] + [g.tolist() for g in whole],
                                  "local_w": list(dparams["w"].to_local().shape), **counts}
@@ -57,22 +62,6 @@ def _worker(rank: int, out: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-class _CollectiveCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the functional collectives dispatched (eager, and at trace time when compiled)."""
-
-    def __init__(self, counts):
-        super().__init__()
-        self.counts = counts
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func)
-        if "all_to_all_single" in name:
-            self.counts["all_to_alls"] += 1
-        elif "all_gather" in name:
-            self.counts["all_gathers"] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def main() -> None:
