@@ -23,7 +23,7 @@ def _worker(rank: int, out: str) -> None:
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.debug import CommDebugMode
 
-    import test_pipeline as T
+    import test_pipeline_stages as T
     from ember.core.pipeline import pipeline
 
     torch.set_num_threads(1)

@@ -58,7 +58,9 @@ MISTAKES = {
 
 
 @pytest.mark.parametrize("argv, message", list(MISTAKES.values()), ids=list(MISTAKES))
-def test_a_mistake_is_one_line_exit_2_and_the_run_directory_is_untouched(argv, message, earlier_run, capsys):
+def test_a_mistake_is_one_line_exit_2_and_the_run_directory_is_untouched(argv, message, earlier_run, capsys,
+                                                                        monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the --nproc-per-node cases are refused before ranks start
     out = earlier_run / "run"
     before = _snapshot(out)
     argv = [a.format(root=earlier_run) for a in argv]
