@@ -13,9 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import traceback
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _moe_dtensor_worker import grads_of  # noqa: E402  (the first batch's mean-loss gradients)
 
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=4, ffn_dim=64, max_seq_len=16,
              scan_layers=True)
@@ -37,17 +41,6 @@ def setup():
     segment_ids[:, SEQ // 2:] = 2  # two packed documents a row: the mask travels with its microbatch
     batches = [{"inputs": t[:, :-1], "targets": t[:, 1:], "segment_ids": segment_ids} for t in tokens]
     return model, tx, state, batches, lm_loss(model)
-
-
-def grads_of(loss_fn, params, batch):
-    """Gradients of the batch's mean loss."""
-    from ember.core import grad
-
-    def mean_loss(p):
-        loss, _ = loss_fn(p, batch, key=None)
-        return loss.mean()
-
-    return grad(mean_loss)(params)
 
 
 def _run(microbatches: int, compiled: bool) -> dict:
