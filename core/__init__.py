@@ -1,7 +1,7 @@
 """ember.core: the kernel: pytrees, keys, transforms, jit, TrainState, mesh, protocols, testing helpers.
 
 Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `remat_scan`,
-`checkpoint_name`, `scan`, `pipeline`, `rolled_sum`, `shared_call`, `stack_trees`, `unstack_trees`, `device_for`,
+`checkpoint_name`, `scan`, `pipeline`, `context_attention`, `rolled_sum`, `shared_call`, `stack_trees`, `unstack_trees`, `device_for`,
 `to_device`, `Mesh`, `MeshError`, and the modules `pytree`, `random`, `tree_math`, `testing`,
 `step_fns`, `partition_specs`, `types`.
 
@@ -25,6 +25,7 @@ from .jit import Jitted as Jitted
 from .jit import jit as jit
 from .mesh import Mesh as Mesh
 from .mesh import MeshError as MeshError
+from .context_parallel import context_attention as context_attention
 from .pipeline import pipeline as pipeline
 from .train_state import TrainState as TrainState
 from .transforms import checkpoint_name as checkpoint_name
@@ -53,6 +54,7 @@ __all__ = [
     "PyTree",
     "TrainState",
     "checkpoint_name",
+    "context_attention",
     "device_for",
     "grad",
     "jit",

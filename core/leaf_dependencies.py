@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from .compat.dispatch_mode import TorchDispatchMode
 
 from .pytree import tree_flatten
 

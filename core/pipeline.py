@@ -102,7 +102,7 @@ class _Stages:
         """The buffer one stage along, circularly: slot s gets stage s-1's output, slot 0 the last stage's."""
         if self.group is None:
             return self.pin(torch.roll(out, 1, dims=0))
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
+        from .compat.functional_collectives import all_to_all_single_autograd
 
         last = out[-1]
         mb = last.shape[0]
@@ -119,7 +119,7 @@ def _hand_out(result: Tensor, place: _Stages) -> Tensor:
     if place.group is None:
         return result
     import torch.distributed as dist
-    from torch.distributed._functional_collectives import broadcast, wait_tensor
+    from .compat.functional_collectives import broadcast, wait_tensor
 
     sent = wait_tensor(broadcast(result.detach().contiguous(), dist.get_global_rank(place.group, 0), place.group))
     return sent + (result - result.detach()) * float(place.rank == 0)

@@ -33,7 +33,7 @@ import difflib
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from .compat.dispatch_mode import TorchDispatchMode
 
 __all__ = ["POLICY_NAMES", "RematPolicy", "checkpoint_name", "remat_policy", "save_names"]
 

@@ -6,8 +6,8 @@ files), `text_files`, `load_token_bin` / `write_token_bin` (nanoGPT `.bin`), `hf
 Tokenizers: `ByteTokenizer`, `train_bpe` / `BPETokenizer`, a model folder's own
 `load_model_tokenizer` / `ModelTokenizer` with its `ChatTemplate`. Fine-tuning data: `read_sft_jsonl`,
 `pack_sft`, `make_sft_pipeline` (packed, loss on replies only). Pipeline: `make_pipeline` (or
-`tokenize_documents` -> `TokenWindows` -> `window_batches` -> `PipelineIterator`), `prefetch`,
-and collators (`to_torch`, `@collator`, `get_collator`).
+`tokenize_documents` -> `TokenWindows` -> `window_batches` -> `PipelineIterator`), `ContextOrder`
+(the sequence order of context parallelism), `prefetch`, and collators (`to_torch`, `@collator`, `get_collator`).
 """
 
 from .bpe import BPETokenizer as BPETokenizer
@@ -19,6 +19,7 @@ from .collate import get_collator as get_collator
 from .collate import identity_collate as identity_collate
 from .collate import to_torch as to_torch
 from .config import DataConfig as DataConfig
+from .context_order import ContextOrder as ContextOrder
 from .config import TorchBatches as TorchBatches
 from .config import build_batches as build_batches
 from .config import build_tokenizer as build_tokenizer
@@ -63,6 +64,7 @@ __all__ = [
     "ByteTokenizer",
     "ChatTemplate",
     "Collator",
+    "ContextOrder",
     "DataConfig",
     "GatherWindows",
     "HFTextColumn",

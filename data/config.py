@@ -161,6 +161,7 @@ def build_batches(
     shard_index: int = 0,
     shard_count: int = 1,
     device: Any = None,
+    context_parallel: int = 1,
 ) -> TorchBatches:
     """An endless iterator of `{"inputs", "targets"}` (B, T) int64 torch batches for this rank.
 
@@ -168,7 +169,8 @@ def build_batches(
     evaluation sees the same batches. `cfg.batch_size` is global: each of `shard_count` ranks gets
     `batch_size // shard_count` rows. `cfg.collate` names the registered collator applied to
     each numpy batch (default "torch"). SFT batches (`source="sft"`) also hold `segment_ids` and
-    `positions` (`ember.data.sft`).
+    `positions` (`ember.data.sft`). `context_parallel` is the mesh's `cp`: above 1 every sequence comes
+    in its balanced order, with its `positions` (`ember.data.ContextOrder`).
     """
     collate = get_collator(cfg.collate)
     if cfg.batch_size % shard_count:
@@ -181,7 +183,8 @@ def build_batches(
             raise ValueError("data.source=sft needs data.path (a JSONL file); pass --data.path FILE.jsonl.")
         it = make_sft_pipeline(cfg.path, tokenizer=tokenizer, seq_len=cfg.seq_len,
                                batch_size=cfg.batch_size // shard_count, seed=cfg.seed, shuffle=split == "train",
-                               shard_index=shard_index, shard_count=shard_count, overflow=cfg.overflow, split=split)
+                               shard_index=shard_index, shard_count=shard_count, overflow=cfg.overflow, split=split,
+                               context_parallel=context_parallel)
         return TorchBatches(it, collate=collate, device=device)
     it = make_pipeline(
         _source(cfg, split),
@@ -194,5 +197,6 @@ def build_batches(
         shard_count=shard_count,
         num_workers=cfg.num_workers if split == "train" else 0,
         repeat=True,
+        context_parallel=context_parallel,
     )
     return TorchBatches(it, collate=collate, device=device)

@@ -23,6 +23,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from .context_order import ContextOrder
 from .iterator import PipelineIterator
 from .token_bin import TokenBin
 from .token_stream import tokenize_documents
@@ -111,6 +112,7 @@ def window_batches(
     shard_count: int = 1,
     repeat: bool = True,
     drop_remainder: bool = True,
+    context_parallel: int = 1,
 ) -> grain.MapDataset:
     """Builds the batched grain `MapDataset` over one shard of the windows.
 
@@ -123,6 +125,7 @@ def window_batches(
         shard_count: the data-parallel size.
         repeat: repeat forever (batches then run across epoch boundaries); otherwise one epoch.
         drop_remainder: drop a final partial batch (only matters with `repeat=False`).
+        context_parallel: the mesh's `cp`; above 1 each sequence comes in its balanced order (`ContextOrder`).
 
     Returns:
         A `MapDataset` of `{"inputs": (B, T) int64, "targets": (B, T) int64}` dicts; infinite
@@ -133,6 +136,7 @@ def window_batches(
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    order = ContextOrder(context_parallel, windows.seq_len)
     ids = shard_window_ids(len(windows), shard_index=shard_index, shard_count=shard_count)
     if len(ids) < batch_size and (repeat or drop_remainder):
         raise ValueError(
@@ -144,7 +148,8 @@ def window_batches(
         ids = ids.shuffle(seed=_grain_seed(seed))
     if repeat:
         ids = ids.repeat()
-    return ids.batch(batch_size, drop_remainder=drop_remainder).map(GatherWindows(windows))
+    batches = ids.batch(batch_size, drop_remainder=drop_remainder).map(GatherWindows(windows))
+    return batches if context_parallel == 1 else batches.map(order)
 
 
 def _as_windows(source: Any, tokenizer: Tokenizer | None, seq_len: int) -> TokenWindows:
@@ -186,6 +191,7 @@ def make_pipeline(
     repeat: bool = True,
     drop_remainder: bool = True,
     read_options: grain.ReadOptions | None = None,
+    context_parallel: int = 1,
 ) -> PipelineIterator:
     """Builds a resumable, sharded, shuffled iterator of next-token-prediction batches.
 
@@ -207,6 +213,7 @@ def make_pipeline(
         repeat: repeat forever; otherwise stop after one epoch.
         drop_remainder: drop a final partial batch when `repeat=False`.
         read_options: grain `ReadOptions` (default: 2 threads, 4 batches buffered).
+        context_parallel: the mesh's `cp` (`ContextOrder`; the batches then carry `positions`).
 
     Returns:
         A `PipelineIterator` yielding `{"inputs": (B, T) int64, "targets": (B, T) int64}` numpy
@@ -237,6 +244,7 @@ def make_pipeline(
         shard_count=shard_count,
         repeat=repeat,
         drop_remainder=drop_remainder,
+        context_parallel=context_parallel,
     )
     config = {
         "num_tokens": windows.num_tokens,

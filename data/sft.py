@@ -218,10 +218,11 @@ def _split(examples: List[Any], split: Optional[str]) -> List[Any]:
 def make_sft_pipeline(path: str, *, tokenizer: Tokenizer, seq_len: int, batch_size: int, seed: int = 0,
                       shuffle: bool = True, shard_index: int = 0, shard_count: int = 1,
                       overflow: Overflow = "truncate", repeat: bool = True,
-                      split: Optional[str] = None) -> PipelineIterator:
+                      split: Optional[str] = None, context_parallel: int = 1) -> PipelineIterator:
     """A resumable iterator of packed SFT batches (`(B, T)` numpy dicts, keys as in the module docstring).
 
     `split` ("train" or "eval") keeps that split's examples (see `EVAL_EVERY`); None keeps them all.
+    `context_parallel` above 1 reorders each sequence for the mesh's `cp` (`ember.data.ContextOrder`).
     """
     names, examples = [], []
     for where, example in _split(list(_read_lines(path)), split):
@@ -232,7 +233,7 @@ def make_sft_pipeline(path: str, *, tokenizer: Tokenizer, seq_len: int, batch_si
         names.append(where)
     windows = PackedWindows(pack_sft(examples, seq_len, overflow=overflow, names=names))
     dataset = window_batches(windows, batch_size=batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
-                             shard_count=shard_count, repeat=repeat)
+                             shard_count=shard_count, repeat=repeat, context_parallel=context_parallel)
     config = {"sft": os.path.abspath(path), "split": split, "windows": len(windows), "num_tokens": windows.num_tokens,
               "seq_len": seq_len, "batch_size": batch_size, "seed": int(seed), "shuffle": bool(shuffle),
               "shard_index": shard_index, "shard_count": shard_count, "repeat": bool(repeat)}

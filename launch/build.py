@@ -108,11 +108,14 @@ def eval_fn(cfg: TrainConfig, model: Any) -> Callable:
     return eval_step(models.lm_loss(model), compute_dtype=compute_dtype(cfg))
 
 
-def evaluator(cfg: TrainConfig, eval_one: Callable, *, tokenizer: Any, device: Any) -> Callable:
-    """`eval_fn(state) -> metrics`: `eval_one` averaged over `cfg.eval_batches` batches of the eval split."""
+def evaluator(cfg: TrainConfig, eval_one: Callable, *, tokenizer: Any, device: Any,
+              context_parallel: int = 1) -> Callable:
+    """`eval_fn(state) -> metrics`: `eval_one` averaged over `cfg.eval_batches` batches of the eval split
+    (in `cp`'s sequence order when `context_parallel` > 1)."""
 
     def eval_fn(state: TrainState) -> Any:
-        batches = data.build_batches(cfg.data, tokenizer=tokenizer, split="eval", device=device)
+        batches = data.build_batches(cfg.data, tokenizer=tokenizer, split="eval", device=device,
+                                     context_parallel=context_parallel)
         return evaluate(eval_one, state.params, itertools.islice(batches, cfg.eval_batches))
 
     return eval_fn

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import (MESH_ORDER, Sharding, for_mesh, resolve_tree, shard, shard_batch,
                                         use_sharding)
+from ember.core.context_parallel import head_tail_order
 from ember.core.pipeline import PipelineSchedule
 from ember.core.pytree import tree_map
 from ember.models.layers.moe import check_tensor_parallel
@@ -60,6 +61,11 @@ def pipeline_schedule(cfg: Any) -> PipelineSchedule:
     return PipelineSchedule(cfg.pipeline_microbatches, cfg.pipeline_repeats)
 
 
+def context_parallel(sharding: Optional[Sharding]) -> int:
+    """The mesh's `cp` (1 without one): the data pipeline orders each sequence for it (`ember.data.ContextOrder`)."""
+    return 1 if sharding is None else sharding.mesh.sizes().get("cp", 1)
+
+
 def _has_axis(axes: Any, name: str) -> bool:
     """True if some parameter of the `axes` tree has the logical axis `name`."""
     if isinstance(axes, tuple) and all(a is None or isinstance(a, str) for a in axes):
@@ -68,19 +74,26 @@ def _has_axis(axes: Any, name: str) -> bool:
     return any(_has_axis(v, name) for v in values)
 
 
-def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, *, say: Callable[[str], None]) -> None:
+def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, *, say: Callable[[str], None],
+               seq_len: Optional[int] = None) -> None:
     """The checks of a run's mesh that need no process group, so a launcher makes them before it starts ranks.
 
     The ready-made layout is resolved against the model's parameter shapes (e.g. 8 experts over `ep=3`
     is refused, naming the degrees that fit); a compiled mixture of experts under `tp` is refused where
-    torch computes it wrong; `pp` needs the blocks as one stack (`scan_layers`) without experts; `ep` on a
+    torch computes it wrong; `pp` needs the blocks as one stack (`scan_layers`) without experts; `cp` needs
+    a sequence (`seq_len`) of two chunks per process and a model without experts; `ep` on a
     model without experts is no mistake (it is then one more batch axis, as `dp`), but `say` gets a
     one-line notice.
     """
     mesh = getattr(sharding, "mesh", sharding)
     if mesh is None:
         return
-    ep, pp = mesh.sizes().get("ep", 1), mesh.sizes().get("pp", 1)
+    ep, pp, cp = mesh.sizes().get("ep", 1), mesh.sizes().get("pp", 1), mesh.sizes().get("cp", 1)
+    if cp > 1 and seq_len is not None:
+        head_tail_order(seq_len, cp)  # a ContextParallelError naming the lengths that split
+    if cp > 1 and _has_axis(model.axes, "expert"):
+        raise ValueError(f"--mesh {mesh}: cp does not run mixture-of-experts models yet (their tokens are dispatched "
+                         f"whole-sequence); drop cp from the mesh (ep, fsdp and tp split them).")
     if pp > 1 and not _has_axis(model.axes, "layers"):
         raise ValueError(f"--mesh {mesh} splits the layers into pp={pp} stages, but this model's blocks are a list, not "
                          f"one stack: pass --model.scan_layers true (or drop pp from the mesh).")

@@ -20,7 +20,7 @@ from ember.core.partition_specs.report import describe_sharding
 from ember.launch import build, checkpointing
 from ember.launch.interrupt import GracefulStop
 from ember.launch.run_config import TrainConfig
-from ember.launch.sharded import check_mesh, pipeline_schedule
+from ember.launch.sharded import check_mesh, context_parallel, pipeline_schedule
 
 __all__ = ["train"]
 
@@ -35,13 +35,13 @@ def train(cfg: TrainConfig, args: argparse.Namespace, *, say: Callable[..., None
     check = args.check if args.check is not None else os.environ.get("PJRT_DEVICE", "").upper() == "CPU"
     mesh = Mesh.parse(args.mesh, devices=xr.global_runtime_device_count(), backend="xla").in_order(MESH_ORDER)
     model = build.build_model(cfg)
-    check_mesh("xla", mesh, model, say=say)  # e.g. experts that do not split over ep; ep on a dense model
+    check_mesh("xla", mesh, model, say=say, seq_len=cfg.data.seq_len)  # e.g. experts that do not split over ep
     tokenizer, sharding = build.build_tokenizer(cfg, model), Sharding(mesh, for_mesh(mesh.names),
                                                                    pipeline=pipeline_schedule(cfg))
     state0 = build.initial_state(cfg, model)
     say(f"{sharding.lowering!r}, {xr.process_count()} process(es)")
     say(describe_sharding(state0, sharding, axes=model.axes))
-    data_iter = data.build_batches(cfg.data, tokenizer=tokenizer)
+    data_iter = data.build_batches(cfg.data, tokenizer=tokenizer, context_parallel=context_parallel(sharding))
     if args.resume_step is not None:
         checkpointing.set_aside_steps_after(cfg, args.resume_step, main=xr.process_index() == 0, log=say)
     ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)

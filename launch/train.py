@@ -52,7 +52,7 @@ def main(argv=None):
     sharding = sharded.setup(args.mesh, nproc_per_node=args.nproc_per_node,  # None unless under torchrun or --mesh
                              pipeline=sharded.pipeline_schedule(cfg))
     say_once = print if sharded.is_main() and not ranks.checked() else ranks.quiet  # a launcher said it already
-    sharded.check_mesh(cfg.backend, sharding, model, say=say_once)
+    sharded.check_mesh(cfg.backend, sharding, model, say=say_once, seq_len=cfg.data.seq_len)
     precision.check_cuda_graph(cfg, sharding)
     finished, history = False, None
     try:  # only rank 0 writes files: it holds the run directory
@@ -70,7 +70,7 @@ def start_ranks(cfg, model, args, argv):
     """`--nproc-per-node N`: check the run here first (a mistake is one `error:` line, exit 2, before any rank
     starts), then run this script as N ranks and return the run's exit code (`ember.launch.ranks`)."""
     mesh = Mesh.parse(args.mesh or "dp=-1", devices=ranks.check_nproc(args.nproc_per_node), backend="dtensor")
-    sharded.check_mesh(cfg.backend, mesh.in_order(MESH_ORDER), model, say=print)
+    sharded.check_mesh(cfg.backend, mesh.in_order(MESH_ORDER), model, say=print, seq_len=cfg.data.seq_len)
     if not build.preflight(cfg, args, main=True):
         return 0  # the run already reached --steps: said so, nothing to start
     with claim_run_directory(cfg.out, resume=args.resume or args.overwrite):
@@ -93,11 +93,12 @@ def train(cfg, model, sharding, args):
                                cuda_graph=cfg.cuda_graph, **compiled), sharding, returns_state=True)
     eval_one = sharded.sharded(jit(build.eval_fn(cfg, model), backend=cfg.backend, **compiled), sharding,
                                returns_state=False)
-    eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device)
+    cp = sharded.context_parallel(sharding)  # > 1: every sequence in its balanced order (ember.data.ContextOrder)
+    eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device, context_parallel=cp)
     if args.resume_step is not None:  # the later steps move aside, so this run can save them again
         checkpointing.set_aside_steps_after(cfg, args.resume_step, main=main_rank)
     ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)
-    batches = data.build_batches(cfg.data, tokenizer=tokenizer, device=device)
+    batches = data.build_batches(cfg.data, tokenizer=tokenizer, device=device, context_parallel=cp)
     if main_rank and (note := data.corpus_note(cfg.data)):
         print(note)
     state = checkpointing.maybe_resume(ckpt, state, batches, cfg=cfg, resume=args.resume, step=args.resume_step,

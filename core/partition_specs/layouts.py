@@ -16,8 +16,10 @@ parallel in (`heads`, `kv_heads`, `mlp`, `vocab` split over `tp` on the output d
 parallel out (`wo`, `down` split over `tp` on the input dimension).
 
 The ready-made layouts name the mesh axes `dp` (data parallel: batch only), `fsdp` (batch and
-parameter storage), `tp` (tensor parallel) and `ep` (expert parallel: the stacked experts of a
-mixture of experts, and a batch axis everywhere else, as MaxText's expert axis); `for_mesh` keeps
+parameter storage), `tp` (tensor parallel), `ep` (expert parallel: the stacked experts of a
+mixture of experts, and a batch axis everywhere else, as MaxText's expert axis), `pp` (pipeline
+stages: the stacked layers) and `cp` (context parallel: the sequence of every activation, the
+parameters whole, gradients all-reduced over it as over a batch axis); `for_mesh` keeps
 only the axes a mesh has, so `--mesh dp=2`, `--mesh fsdp=2,tp=2` and `--mesh ep=2,fsdp=2` all use
 `fsdp_tp()`. A MoE layer's dispatch buffer is `("batch", ...)` as tokens arrive and
 `("batch_no_expert", "expert", ...)` while the experts run: from one to the other is an all-to-all.
@@ -72,13 +74,14 @@ class Layout:
         return Layout(self.params.restrict_to(mesh_names), self.compute.restrict_to(mesh_names), self.name)
 
 
-# Activations: a batch is split over every data-like axis; heads, MLP features and vocabulary logits
-# follow the tensor-parallel weights; the residual stream (embed) and the sequence stay whole.
+# Activations: a batch is split over every data-like axis, the sequence over cp (context parallelism);
+# heads, MLP features and vocabulary logits follow the tensor-parallel weights; the residual stream
+# (embed) stays whole.
 ACTIVATION_RULES = Rules([
     ("batch", ("dp", "fsdp", "ep")),
     ("batch_no_expert", ("dp", "fsdp")),
     ("expert", "ep"),
-    ("sequence", None),
+    ("sequence", "cp"),
     ("heads", "tp"),
     ("kv_heads", "tp"),
     ("mlp", "tp"),
@@ -88,11 +91,12 @@ ACTIVATION_RULES = Rules([
     ("layers", "pp"),
 ])
 
-MESH_ORDER = ("pp", "dp", "fsdp", "ep", "tp")
+MESH_ORDER = ("pp", "dp", "fsdp", "cp", "ep", "tp")
 """The order of the ready-made layout's mesh axes, major first (`Mesh.in_order`): pipeline stages
 outermost (their exchange is the smallest), then a batch split over
 `(dp, fsdp, ep)` then leaves each `ep` group one block of `(dp, fsdp)`'s share, so the MoE token
-exchange is an all-to-all within `ep`."""
+exchange is an all-to-all within `ep`; `cp` (the sequence's all-gathers, once per layer) sits inside the
+batch axes and outside `tp` (its all-reduces, twice per layer), as in torchtitan."""
 
 _TP_WEIGHTS = [("layers", "pp"), ("expert", "ep"), ("vocab", "tp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp")]
 _WHOLE = [("layers", None), ("expert", None), ("vocab", None), ("heads", None), ("kv_heads", None), ("mlp", None),
@@ -120,22 +124,22 @@ def tensor_parallel(axis: str = "tp") -> Layout:
 
 
 def fsdp_tp() -> Layout:
-    """The general layout over mesh axes `dp`, `fsdp`, `tp`, `ep`, `pp` (stacked layers split by stage; use
-    `restrict_to` / `for_mesh` for fewer)."""
+    """The general layout over mesh axes `dp`, `fsdp`, `tp`, `ep`, `pp` (stacked layers split by stage), `cp`
+    (activations split along the sequence); `restrict_to` / `for_mesh` for fewer."""
     return Layout(Rules(_TP_WEIGHTS) + [("embed", "fsdp")] + _WHOLE, ACTIVATION_RULES, "fsdp_tp")
 
 
 def for_mesh(mesh_names: Sequence[str]) -> Layout:
-    """`fsdp_tp()` restricted to the axes of a mesh whose axes are among `dp`, `fsdp`, `tp`, `ep`, `pp`.
+    """`fsdp_tp()` restricted to the axes of a mesh whose axes are among `dp`, `fsdp`, `tp`, `ep`, `pp`, `cp`.
 
     Raises:
         ShardingRuleError: the mesh has an axis the ready-made layout does not use (name your own rules).
     """
     names = tuple(getattr(mesh_names, "names", mesh_names))
-    unknown = [n for n in names if n not in ("dp", "fsdp", "tp", "ep", "pp")]
+    unknown = [n for n in names if n not in MESH_ORDER]
     if unknown:
         raise ShardingRuleError(
-            f"mesh axis {unknown[0]!r} is not used by the ready-made layout (axes dp, fsdp, tp, ep, pp); rename it, or "
+            f"mesh axis {unknown[0]!r} is not used by the ready-made layout (axes {', '.join(MESH_ORDER)}); rename it, or "
             f"pass your own rules, e.g. Layout.same([('batch', {unknown[0]!r}), ...])."
         )
     return fsdp_tp().restrict_to(names)

@@ -123,7 +123,7 @@ class CausalSelfAttention(Module):
         v = checkpoint_name(self.call("wv", params, x, **kwargs), "qkv").view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         y = dot_product_attention(
             q, k, v, segment_ids=kwargs.get("segment_ids"), padding_mask=kwargs.get("attention_mask"),
-            dropout=self.dropout, key=key,
+            dropout=self.dropout, key=key, token_index=kwargs.get("token_index"),
         )  # (B, H, T, D)
         y = checkpoint_name(y, "attn_out").transpose(1, 2).reshape(B, T, C)  # (B, T, C): the heads side by side again
         return self.call("wo", params, y, **kwargs)  # (B, T, C)

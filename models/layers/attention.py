@@ -12,7 +12,12 @@ how to compute `softmax(q k^T / sqrt(D)) v`:
     - explicitly (scores, softmax in float32, keyed dropout, @ v) when attention-probability dropout
       is on: the fused kernel's dropout draws from the global RNG, which ember never uses;
     - explicitly too when the active sharding needs it (`explicit_attention_required`: DTensor with
-      a mask; it raises when a mask or dropout meets split heads).
+      a mask; it raises when a mask or dropout meets split heads);
+    - across processes when the active layout splits the sequence (context parallelism, the rule
+      `("sequence", "cp")`): each process's queries against every key (`ember.core.context_attention`),
+      the fused kernel on local tensors with the mask built there.
+A batch reordered for context parallelism (`ember.data.ContextOrder`) carries `token_index`, each
+token's index before the reordering: causal masks and windows then compare those, on every device.
 `repeat_kv` follows Hugging Face's order (query head `h` uses key/value head `h // (H // KV)`) and
 traces on every backend (eager, Inductor, torch_xla, DTensor).
 
@@ -28,13 +33,14 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ...core import random
+from ...core.context_parallel import context_attention, sequence_split
 from ...core.partition_specs import explicit_attention_required
 from ...core.types import Key
 
@@ -106,6 +112,7 @@ def dot_product_attention(
     dropout: float = 0.0,
     key: Optional[Key] = None,
     scale: Optional[float] = None,
+    token_index: Optional[Tensor] = None,
 ) -> Tensor:
     """`softmax(q k^T / sqrt(D)) v` with causal / segment / padding masking and keyed probability dropout.
 
@@ -118,11 +125,20 @@ def dot_product_attention(
         dropout: attention-probability dropout rate; applied only when `key` is given.
         key: drives the dropout (None: evaluation, no dropout).
         scale: the scores' multiplier (None: `1 / sqrt(D)`).
+        token_index: (B, T) each token's index in its sequence before the data was reordered
+            (`ember.data.ContextOrder`); the causal mask and the window compare these (None: `arange(T)`).
 
     Returns:
         (B, H, T, v's D).
     """
     T = q.shape[2]
+    if token_index is not None or sequence_split():
+        if dropout > 0.0 and key is not None:
+            raise NotImplementedError("attention dropout with a reordered or split sequence (context parallelism) is "
+                                      "not supported: set the model's attention dropout to 0 or drop cp from the mesh.")
+        return _attention_by_index(q, k, v, causal=causal, token_index=token_index, segment_ids=segment_ids,
+                                   padding_mask=padding_mask, window=window if window is not None and window < T
+                                   else None, scale=scale)
     mask = attention_mask(T, causal=causal, segment_ids=segment_ids, padding_mask=padding_mask, window=window,
                           device=q.device)
     explicit = dropout > 0.0 and key is not None
@@ -154,6 +170,41 @@ def _causal_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: O
         out.append(F.scaled_dot_product_attention(q[:, :, start:end], k[:, :, :end], v[:, :, :end],
                                                   attn_mask=mask[..., start:end, :end], scale=scale))  # (B, H, chunk, D)
     return torch.cat(out, dim=2)  # (B, H, T, D)
+
+
+def _attention_by_index(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, token_index: Optional[Tensor],
+                        segment_ids: Optional[Tensor], padding_mask: Optional[Tensor], window: Optional[int],
+                        scale: Optional[float]) -> Tensor:
+    """Each process's queries against every key (`context_attention`), the mask from each token's own index."""
+    tokens = {"index": torch.arange(q.shape[2], device=q.device) if token_index is None else token_index}
+    if segment_ids is not None:
+        tokens["segment_ids"] = segment_ids
+    if padding_mask is not None:
+        tokens["padding"] = padding_mask
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, queries: dict, keys: dict) -> Tensor:
+        mask = _mask_by_index(queries, keys, causal=causal, window=window)  # (B or 1, 1, Tq, T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, H, Tq, D)
+
+    return context_attention(attend, q, k, v, tokens=tokens)
+
+
+def _mask_by_index(queries: dict, keys: dict, *, causal: bool, window: Optional[int]) -> Tensor:
+    """`attention_mask`'s rules with the queries' and keys' own token tensors: (B or 1, 1, Tq, Tk) bool."""
+    def pair(name: str) -> Tuple[Tensor, Tensor]:  # (B or 1, Tq, 1), (B or 1, 1, Tk)
+        qt, kt = queries[name], keys[name]
+        return (qt if qt.dim() == 2 else qt[None])[:, :, None], (kt if kt.dim() == 2 else kt[None])[:, None, :]
+
+    qi, ki = pair("index")
+    mask = qi >= ki if causal else torch.ones_like(qi >= ki)
+    if window is not None:
+        mask = mask & ((qi - ki).abs() < window)
+    if "segment_ids" in queries:
+        qs, ks = pair("segment_ids")
+        mask = mask & (qs == ks)
+    if "padding" in queries:
+        mask = mask & (pair("padding")[1].bool() | (qi == ki))
+    return mask[:, None]
 
 
 def _explicit_attention(

@@ -161,6 +161,7 @@ class LatentAttention(Module):
             y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.softmax_scale)
         else:
             y = dot_product_attention(q, k, v, segment_ids=kwargs.get("segment_ids"),
-                                      padding_mask=kwargs.get("attention_mask"), scale=self.softmax_scale)
+                                      padding_mask=kwargs.get("attention_mask"), scale=self.softmax_scale,
+                                      token_index=kwargs.get("token_index"))
         y = checkpoint_name(y, "attn_out").transpose(1, 2).reshape(B, T, H * self.v_dim)  # (B, T, H*v_dim)
         return self.call("wo", params, y, **kwargs)  # (B, T, d_model)

@@ -70,7 +70,8 @@ class Attention(Module):
 
     Keyword inputs read from `**kwargs` (and forwarded to sub-layers): `positions` (T,) or (B, T)
     for RoPE (default `arange(T)`); `segment_ids` (B, T), tokens attend only within their segment;
-    `attention_mask` (B, T), 0 for padding keys. See `dot_product_attention` for how it is computed.
+    `attention_mask` (B, T), 0 for padding keys; `token_index` (B, T), the order causal masking
+    follows in a reordered sequence (`ember.data.ContextOrder`). See `dot_product_attention` for how it is computed.
     `kv_cache` (a `CachedCall`): decoding; this layer's keys and values go into the cache, and the
     queries attend over every cached position (`ember.models.generation`).
 
@@ -194,6 +195,7 @@ class Attention(Module):
         y = dot_product_attention(
             q, k, v, causal=self.causal, segment_ids=kwargs.get("segment_ids"),
             padding_mask=kwargs.get("attention_mask"), window=self.window, dropout=self.dropout, key=key,
+            token_index=kwargs.get("token_index"),
         )  # (B, H, T, D)
         y = checkpoint_name(y, "attn_out").transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
         return self.call("wo", params, y, **kwargs)  # (B, T, d_model)

@@ -27,7 +27,9 @@ from ember.core.compat import WORKAROUNDS, gated_on, measured_here, patch_enable
 from isa_probe_counter import COUNT_ISA_PROBES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PRIVATE = re.compile(r"torch\.(?!_foreach_|__)_\w|torch_xla\._|\b_XLAC\b|jax\._src|\btorch\.utils\._")
+# A private name: `torch._x`, a private module anywhere under torch (`torch.distributed._x`; aten op names
+# under `torch.ops` are not modules), torch_xla's and jax's private parts.
+PRIVATE = re.compile(r"\btorch\.(?!ops\.)(?:\w+\.)*(?!_foreach_|__)_\w|torch_xla\._|\b_XLAC\b|jax\._src")
 
 
 def _code_without_strings(path: pathlib.Path) -> list:
@@ -37,7 +39,7 @@ def _code_without_strings(path: pathlib.Path) -> list:
     for tok in tokens:
         if tok.type not in (tokenize.STRING, tokenize.COMMENT):
             kept.setdefault(tok.start[0], []).append(tok.string)
-    return [(n, "".join(parts)) for n, parts in kept.items()]
+    return [(n, " ".join(parts).replace(" . ", ".")) for n, parts in kept.items()]
 
 
 def test_no_private_names_outside_the_compat_package():
@@ -165,6 +167,24 @@ def test_traced_inductor_names_exist():
 def test_pytree_has_no_public_module():
     assert importlib.util.find_spec("torch.utils.pytree") is None, (
         "torch ships a public pytree module now: build core/pytree.py on it and drop compat/pytree.py")
+
+
+def test_functional_collectives_are_still_private():
+    import torch.distributed as dist
+
+    assert not hasattr(dist, "functional_collectives") and importlib.util.find_spec(
+        "torch.distributed.functional_collectives") is None, (
+        "torch released its functional collectives: import them there and drop compat/functional_collectives.py")
+    from ember.core.compat import functional_collectives as funcol
+
+    assert all(callable(getattr(funcol, n)) for n in funcol.__all__)
+
+
+def test_dispatch_modes_are_still_private():
+    import torch.overrides
+
+    assert not hasattr(torch.overrides, "TorchDispatchMode"), (
+        "torch ships TorchDispatchMode publicly: import it there and drop compat/dispatch_mode.py")
 
 
 def test_checkpoint_still_fails_under_func_grad():

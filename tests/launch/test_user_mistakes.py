@@ -52,6 +52,8 @@ MISTAKES = {
                                   "on DTensor pp runs on a mesh of pp alone so far; use --mesh pp=2"),
     "pp-layers-uneven": (["--nproc-per-node", "2", "--mesh", "pp=2", "--model.scan_layers", "true"],
                          r"dimension 0 \('layers'\) has size 1, which does not divide by pp=2"),
+    "cp-sequence-uneven": (["--nproc-per-node", "2", "--mesh", "cp=2", "--data.seq_len", "30"],
+                           r"a sequence of 30 tokens does not split into 2 x cp = 4 .* multiple of 4 \(--data.seq_len\)"),
     "cuda-graph-eager": (["--cuda_graph", "True"], "--cuda_graph True captures the Inductor-compiled step, but "
                                                    "--backend eager compiles none; pass --backend inductor"),
 }

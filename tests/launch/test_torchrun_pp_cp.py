@@ -1,6 +1,7 @@
-"""`launch/train.py --mesh pp=2` under torchrun (gloo, Inductor): a stacked `llama3_tiny` split into two
-pipeline stages of two layers, four pipeline microbatches, against the same run in one process; its
-checkpoint then resumes in one process (the stacked layers' layout does not change with pp)."""
+"""`launch/train.py --mesh pp=2` and `--mesh cp=2` under torchrun (gloo, Inductor), against the same run in
+one process: a stacked `llama3_tiny` split into two pipeline stages of two layers, four pipeline microbatches,
+whose checkpoint then resumes in one process (the stacked layers' layout does not change with pp); and the
+same model with every sequence split over two processes (the data in cp's head-tail order)."""
 
 import importlib.util
 import os
@@ -22,7 +23,7 @@ STEPS = 4
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
                                  reason="the torch_xla environment runs the launchers as tpu_pod.py"),
-              pytest.mark.xdist_group("torchrun_pipeline")]  # one worker runs the module: its reference runs once
+              pytest.mark.xdist_group("torchrun_pp_cp")]  # one worker runs the module: its reference runs once
 
 
 def _train(out: pathlib.Path, *prefix: str, args=()) -> list:
@@ -40,12 +41,22 @@ def _assert_same(got, want):
     torch.testing.assert_close(torch.tensor([x for _, x in got]), torch.tensor([x for _, x in want]), rtol=0, atol=2e-4)
 
 
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("single") / "run", sys.executable, args=["--steps", str(STEPS)])
+
+
 @pytest.mark.slow
-def test_pp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory):
-    single = _train(tmp_path_factory.mktemp("pp_single") / "run", sys.executable, args=["--steps", str(STEPS)])
+def test_pp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory, single):
     run = tmp_path_factory.mktemp("pp_mesh") / "run"
     first = _train(run, *TORCHRUN, args=["--mesh", "pp=2", "--steps", "2", "--checkpoint_every", "0"])
     _assert_same(first, single[:2])
     _train(run, sys.executable, args=["--steps", str(STEPS), "--resume", "--checkpoint_every", "0"])
     resumed = [(s, x) for s, x in [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r] if s > 2]
     _assert_same(resumed, single[2:])
+
+
+@pytest.mark.slow
+def test_cp2_run_matches_one_process(tmp_path_factory, single):
+    run = tmp_path_factory.mktemp("cp_mesh") / "run"
+    _assert_same(_train(run, *TORCHRUN, args=["--mesh", "cp=2", "--steps", "2", "--checkpoint_every", "0"]), single[:2])

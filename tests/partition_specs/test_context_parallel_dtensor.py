@@ -1,0 +1,85 @@
+"""A tiny Llama with its sequence split over `cp` (DTensor, gloo): each sequence in the head-tail order of
+`ember.data.ContextOrder`, the step's gradients, SGD losses and final parameters equal one device's on the
+natural order (eagerly, compiled by ember's `jit`, with packed documents and padding, beside `fsdp` and
+`tp`), on every process; the only all-gathers are of the keys and values (and of the keys' positions and
+segment ids), and the keys' and values' gradients come back reduce-scattered."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _context_dtensor_worker as W  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("context_dtensor")  # one worker runs the module: its fixtures run once
+ATOL = 1e-5
+CASES = [(world, name) for world, cases in W.CASES.items() for name in cases]
+
+
+def _reference(packed: bool) -> dict:
+    from ember.core.pytree import tree_leaves_with_path
+    from ember.core.step_fns import train_step
+
+    model, tx, state, batches, loss_fn = W.setup(packed)
+    grads = dict(tree_leaves_with_path(W.grads_of(loss_fn, state.params, batches[0])))
+    step, losses = train_step(loss_fn, tx), []
+    for batch in batches:
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    return {"grads": grads, "losses": losses, "params": dict(tree_leaves_with_path(state.params))}
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {packed: _reference(packed) for packed in (False, True)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    results = {}
+    for world in W.CASES:
+        out = tmp_path_factory.mktemp(f"context_dtensor_{world}")
+        proc = subprocess.run([sys.executable, W.__file__, "--world", str(world), "--out", str(out)],
+                              capture_output=True, text=True, timeout=1200, start_new_session=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        for rank in range(world):
+            with open(os.path.join(out, f"results_{rank}.json")) as f:
+                results[world, rank] = json.load(f)
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,case", CASES)
+def test_cp_step_equals_one_device_on_every_process(runs, references, world, case):
+    packed = W.CASES[world][case][2]
+    ref = references[packed]
+    for rank in range(world):
+        res = runs[world, rank][case]
+        assert "error" not in res, f"{case} failed in the worker on rank {rank}:\n{res['error']}"
+        torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(ref["losses"]), rtol=0, atol=ATOL)
+        for path, want in ref["grads"].items():
+            torch.testing.assert_close(torch.tensor(res["grads"][path]), want, rtol=0, atol=ATOL, msg=path)
+        for path, want in ref["params"].items():
+            torch.testing.assert_close(torch.tensor(res["params"][path]), want, rtol=0, atol=ATOL, msg=path)
+
+
+@pytest.mark.slow
+def test_cp_gathers_only_the_keys_and_values(runs):
+    """Per layer: one all-gather of the keys and one of the values, `(B, H, T / cp, D)` each, reduce-scattered
+    back in the backward; the keys' token tensors (ints, `(B, T / cp)`) once per layer each; no other
+    all-gather (the rest is the gradients' all-reduce over `cp`, as over a batch axis)."""
+    layers, b, t, cp = W.LLAMA["n_layers"], W.BATCH, W.SEQ, 2
+    kv = b * W.LLAMA["n_heads"] * (t // cp) * (W.LLAMA["d_model"] // W.LLAMA["n_heads"])
+    for case, tokens in (("cp=2", 1), ("cp=2 packed", 2)):  # the keys' positions (and packed, segment ids)
+        got = runs[2, 0][case]["collectives"]
+        gathers = {k: n for k, n in got.items() if k.startswith("all_gather")}
+        want = {f"all_gather x {kv}": 2 * layers}
+        want[f"all_gather x {b * t // cp}"] = tokens * layers
+        assert gathers == want, got
+        assert got[f"reduce_scatter x {kv * cp}"] == 2 * layers, got
