@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .partition_specs.sharding import Sharding, constrain, current_sharding
 
-__all__ = ["ContextParallelError", "context_attention", "head_tail_order", "sequence_split"]
+__all__ = ["ContextParallelError", "context_attention", "head_tail_order", "sequence_split", "split_rows"]
 
 ATTENTION_AXES = ("batch", "heads", "sequence", "head_dim")
 """Logical axes of queries, keys and values as attention sees them: (B, H, T, D)."""
@@ -156,3 +156,25 @@ def _contiguous_stride(shape: Tuple[int, ...]) -> Tuple[int, ...]:
         acc *= n
     return tuple(reversed(stride))
 
+
+
+def split_rows(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """`fn(x)` for a row-wise `fn` of `(B, T, ...)` (a linear map, an embedding lookup), keeping a split
+    sequence split under torch_xla.
+
+    torch lowers a matmul of `(B, T, d)` as one of `(B * T, d)`; with `T` split over `cp` and `B` whole that
+    fold cannot stay split, so GSPMD gathers the input. Here the rows are taken `cp`-major instead
+    (`(cp, B, T / cp, ...)`, split on its first dimension), a fold GSPMD keeps split. Elsewhere: `fn(x)`.
+    """
+    sharding = current_sharding()
+    split = sequence_split(sharding) if x.dim() >= 2 else ()
+    if not split or sharding.mesh.backend == "dtensor":
+        return fn(x)
+    b, t, rest = x.shape[0], x.shape[1], tuple(x.shape[2:])
+    n = sharding.mesh.sizes()[split[0]]
+    blocks = ("sequence", "batch", None, *[None] * len(rest))
+    rows = constrain(x.reshape(b, n, t // n, *rest).transpose(0, 1), blocks)
+    y = fn(rows.reshape(n * b * (t // n), *rest))  # (cp * B * T / cp, ...)
+    out = tuple(y.shape[1:])
+    y = constrain(y.reshape(n, b, t // n, *out), ("sequence", "batch", None, *[None] * len(out)))
+    return y.transpose(0, 1).reshape(b, t, *out)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...core.context_parallel import split_rows
 from ...core.types import Key, Params
 from . import initializers as inits
 from .module import Module
@@ -88,7 +89,7 @@ class Embedding(Module):
 
     def apply(self, params: Params, ids: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """Args: ids: (...) integer. Returns: (..., features) in the table's dtype."""
-        out = F.embedding(ids, params["weight"])  # (..., features)
+        out = split_rows(lambda rows: F.embedding(rows, params["weight"]), ids)  # (..., features)
         if self.padding_idx is None:
             return out
         # Pad positions read their row but pass no gradient back to it: pure, and it lowers the same on
@@ -97,7 +98,8 @@ class Embedding(Module):
 
     def attend(self, params: Params, x: Tensor) -> Tensor:
         """Scores against every row: `x @ weight.T`. Args: x: (..., features). Returns: (..., num_embeddings)."""
-        return F.linear(x, self.gathered(params)["weight"])
+        weight = self.gathered(params)["weight"]
+        return split_rows(lambda rows: F.linear(rows, weight), x)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...core.context_parallel import split_rows
 from ...core.types import Key, Params
 from . import initializers as inits
 from .module import Module
@@ -79,4 +80,4 @@ class Linear(Module):
 
     def apply(self, params: Params, x: Tensor, *, key: Optional[Key] = None, **kwargs: Any) -> Tensor:
         """Args: x: (..., in_features). Returns: (..., out_features)."""
-        return F.linear(x, params["weight"], params["bias"] if self.bias else None)
+        return split_rows(lambda rows: F.linear(rows, params["weight"], params["bias"] if self.bias else None), x)
