@@ -1,11 +1,11 @@
 """Context parallelism: attention over a sequence split across the mesh axis `cp`.
 
-Public names: `context_attention`, `head_tail_order`, `sequence_split`, `ContextParallelError`.
+Public names: `context_attention`, `split_rows`, `head_tail_order`, `sequence_split`, `ContextParallelError`.
 
 With the rule `("sequence", "cp")` every activation is split along the sequence, so each process holds
 `T / cp` tokens of every example; only attention mixes tokens, and it needs every key. As in torchtitan
-and MaxText, the queries stay split and the keys and values (with what the mask reads of them: positions,
-segment ids, padding) are all-gathered over `cp`; the keys' and values' gradients come back
+and MaxText, the queries stay split and the keys and values (with what the mask reads of them: token
+indices, segment ids, padding) are all-gathered over `cp`; the keys' and values' gradients come back
 reduce-scattered. `context_attention(attend, q, k, v, tokens=...)` runs `attend` on each process's
 queries against every key:
 
@@ -13,7 +13,8 @@ queries against every key:
   gathered `(B, H, T, D)` keys and values, and each token tensor as two views, the queries' rows and
   every key's; the result is a DTensor split like the queries again;
 * under torch_xla SPMD, in the one global program: the keys, values and their token tensors are
-  constrained whole along the sequence (GSPMD all-gathers them), the queries and the result split.
+  constrained whole along the sequence (GSPMD all-gathers them), the queries and the result split;
+  `split_rows` keeps the linear maps and lookups around attention split (see its docstring).
 
 Causal attention over a split sequence is unbalanced (the last process's queries see every key, the
 first's only its own), so the data pipeline reorders each sequence once, `head_tail_order`: process `r`
@@ -136,7 +137,7 @@ def _on_local_shards(attend: Attend, q: Tensor, k: Tensor, v: Tensor, tokens: Di
                                            f"queries; got {t.placements}.")
             queries[name] = t.to_local()
             keys[name] = gather(queries[name], t.dim() - 1)
-        elif t.dim() == 1:  # one row for every example (the default positions): slice this process's part
+        elif t.dim() == 1:  # one row for every example (the default token index): slice this process's part
             queries[name], keys[name] = t[rank * local_len:(rank + 1) * local_len], t
         else:
             raise ContextParallelError(f"context attention: {name} {tuple(t.shape)} is a plain tensor with a batch "
@@ -155,7 +156,6 @@ def _contiguous_stride(shape: Tuple[int, ...]) -> Tuple[int, ...]:
         stride.append(acc)
         acc *= n
     return tuple(reversed(stride))
-
 
 
 def split_rows(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:

@@ -30,7 +30,7 @@ Example:
     >>> resolve(("mlp", "embed"), lay.params), resolve(("mlp", "embed"), lay.compute)
     (PartitionSpec('tp', 'fsdp'), PartitionSpec('tp', None))
     >>> resolve(("batch", "sequence", "embed"), lay.compute)
-    PartitionSpec(('dp', 'fsdp', 'ep'), None, None)
+    PartitionSpec(('dp', 'fsdp', 'ep'), 'cp', None)
     >>> resolve(("expert", "mlp", "embed"), lay.params)     # stacked experts: split over ep
     PartitionSpec('ep', 'tp', 'fsdp')
     >>> resolve(("mlp", "embed"), fsdp_tp().restrict_to(("dp",)).params)   # dp only: replicated
@@ -118,7 +118,7 @@ def tensor_parallel(axis: str = "tp") -> Layout:
     """Megatron: column-parallel in (heads, kv_heads, mlp, vocab), row-parallel out; batch replicated."""
     rules = Rules([(n, axis if m == "tp" else m) for n, m in _TP_WEIGHTS]) + [("embed", None)]
     acts = Rules([("batch", None), ("batch_no_expert", None), ("expert", None)]
-                 + [(n, axis if m == "tp" else m) for n, m in ACTIVATION_RULES
+                 + [(n, axis if m == "tp" else None) for n, m in ACTIVATION_RULES
                     if not n.startswith(("batch", "expert"))])
     return Layout(rules, acts, "tensor_parallel")
 

@@ -62,6 +62,15 @@ def test_ep_on_a_dense_model_says_it_is_data_parallel_and_experts_that_do_not_sp
         sharded.check_mesh("eager", Mesh.parse("ep=3", devices=3, backend="dtensor"), moe, say=said.append)
 
 
+def test_cp_with_experts_or_a_sequence_that_does_not_split_is_refused_before_any_rank_starts():
+    mesh = Mesh.parse("cp=2", devices=2, backend="dtensor")
+    moe = models.build_model("qwen3_moe", "tiny")
+    with pytest.raises(ValueError, match="cp does not run mixture-of-experts models yet"):
+        sharded.check_mesh("eager", mesh, moe, say=print, seq_len=32)
+    with pytest.raises(ValueError, match=r"multiple of 4 \(--data.seq_len\)"):
+        sharded.check_mesh("eager", mesh, models.build_model("llama3", "tiny"), say=print, seq_len=30)
+
+
 def test_data_source_stdlib_with_a_path_is_refused_and_a_path_alone_names_its_source(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("hello\n" * 100)

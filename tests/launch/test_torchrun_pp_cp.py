@@ -1,7 +1,8 @@
 """`launch/train.py --mesh pp=2` and `--mesh cp=2` under torchrun (gloo, Inductor), against the same run in
 one process: a stacked `llama3_tiny` split into two pipeline stages of two layers, four pipeline microbatches,
 whose checkpoint then resumes in one process (the stacked layers' layout does not change with pp); and the
-same model with every sequence split over two processes (the data in cp's head-tail order)."""
+same model with every sequence split over two processes (the data in cp's head-tail order), resumed in one
+process too."""
 
 import importlib.util
 import os
@@ -46,17 +47,20 @@ def single(tmp_path_factory):
     return _train(tmp_path_factory.mktemp("single") / "run", sys.executable, args=["--steps", str(STEPS)])
 
 
-@pytest.mark.slow
-def test_pp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory, single):
-    run = tmp_path_factory.mktemp("pp_mesh") / "run"
-    first = _train(run, *TORCHRUN, args=["--mesh", "pp=2", "--steps", "2", "--checkpoint_every", "0"])
-    _assert_same(first, single[:2])
+def _matches_then_resumes_in_one_process(run, mesh, single):
+    """Two steps on `mesh` under torchrun, then steps 3 and 4 resumed in one process: all as `single`."""
+    _assert_same(_train(run, *TORCHRUN, args=["--mesh", mesh, "--steps", "2", "--checkpoint_every", "0"]), single[:2])
     _train(run, sys.executable, args=["--steps", str(STEPS), "--resume", "--checkpoint_every", "0"])
     resumed = [(s, x) for s, x in [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r] if s > 2]
     _assert_same(resumed, single[2:])
 
 
 @pytest.mark.slow
-def test_cp2_run_matches_one_process(tmp_path_factory, single):
-    run = tmp_path_factory.mktemp("cp_mesh") / "run"
-    _assert_same(_train(run, *TORCHRUN, args=["--mesh", "cp=2", "--steps", "2", "--checkpoint_every", "0"]), single[:2])
+def test_pp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory, single):
+    _matches_then_resumes_in_one_process(tmp_path_factory.mktemp("pp_mesh") / "run", "pp=2", single)
+
+
+@pytest.mark.slow
+def test_cp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory, single):
+    # parameters are whole over cp, and the data pipeline's state does not depend on cp
+    _matches_then_resumes_in_one_process(tmp_path_factory.mktemp("cp_mesh") / "run", "cp=2", single)
