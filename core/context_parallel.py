@@ -33,9 +33,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .compat import refuse_where_gated
 from .partition_specs.sharding import Sharding, constrain, current_sharding
 
-__all__ = ["ContextParallelError", "context_attention", "head_tail_order", "sequence_split", "split_rows"]
+__all__ = ["ContextParallelError", "check_dtensor_can_split_sequences", "context_attention", "head_tail_order",
+           "sequence_split", "split_rows"]
 
 ATTENTION_AXES = ("batch", "heads", "sequence", "head_dim")
 """Logical axes of queries, keys and values as attention sees them: (B, H, T, D)."""
@@ -64,6 +66,14 @@ def head_tail_order(seq_len: int, cp: int) -> List[int]:
         for c in (r, 2 * cp - 1 - r):
             order.extend(range(c * chunk, (c + 1) * chunk))
     return order
+
+
+def check_dtensor_can_split_sequences() -> None:
+    """Raise a ValueError naming the fix where this torch's DTensor cannot run a split sequence."""
+    refuse_where_gated("dtensor_sequence_fold", (
+        f"context parallelism on DTensor needs a torch whose DTensor folds a sequence split across processes "
+        f"into a matmul's rows (torch {torch.__version__} refuses: pytorch/pytorch#166483); upgrade torch to "
+        f"2.13 or newer, or run cp under torch_xla (launch/tpu_pod.py)."))
 
 
 def sequence_split(sharding: Optional[Sharding] = None) -> Tuple[str, ...]:
@@ -160,15 +170,20 @@ def _contiguous_stride(shape: Tuple[int, ...]) -> Tuple[int, ...]:
 
 def split_rows(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """`fn(x)` for a row-wise `fn` of `(B, T, ...)` (a linear map, an embedding lookup), keeping a split
-    sequence split under torch_xla.
+    sequence split.
 
     torch lowers a matmul of `(B, T, d)` as one of `(B * T, d)`; with `T` split over `cp` and `B` whole that
-    fold cannot stay split, so GSPMD gathers the input. Here the rows are taken `cp`-major instead
-    (`(cp, B, T / cp, ...)`, split on its first dimension), a fold GSPMD keeps split. Elsewhere: `fn(x)`.
+    fold cannot stay split under GSPMD, which then gathers the input. Here the rows are taken `cp`-major
+    instead (`(cp, B, T / cp, ...)`, split on its first dimension), a fold GSPMD keeps split. DTensor folds
+    a split sequence itself (as a strided shard) where `WORKAROUNDS["dtensor_sequence_fold"]` is off, and
+    refuses it, with the fix, where it is on. Without a split sequence: `fn(x)`.
     """
     sharding = current_sharding()
     split = sequence_split(sharding) if x.dim() >= 2 else ()
-    if not split or sharding.mesh.backend == "dtensor":
+    if not split:
+        return fn(x)
+    if sharding.mesh.backend == "dtensor":  # DTensor folds a split sequence itself, where this torch can
+        check_dtensor_can_split_sequences()
         return fn(x)
     b, t, rest = x.shape[0], x.shape[1], tuple(x.shape[2:])
     n = sharding.mesh.sizes()[split[0]]

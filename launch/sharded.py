@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import (MESH_ORDER, Sharding, for_mesh, resolve_tree, shard, shard_batch,
                                         use_sharding)
-from ember.core.context_parallel import head_tail_order
+from ember.core.context_parallel import check_dtensor_can_split_sequences, head_tail_order
 from ember.core.pipeline import PipelineSchedule
 from ember.core.pytree import tree_map
 from ember.models.layers.moe import check_tensor_parallel
@@ -91,6 +91,8 @@ def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, 
     ep, pp, cp = mesh.sizes().get("ep", 1), mesh.sizes().get("pp", 1), mesh.sizes().get("cp", 1)
     if cp > 1 and seq_len is not None:
         head_tail_order(seq_len, cp)  # a ContextParallelError naming the lengths that split
+    if cp > 1 and mesh.backend == "dtensor":
+        check_dtensor_can_split_sequences()  # where this torch's DTensor cannot
     if cp > 1 and _has_axis(model.axes, "expert"):
         raise ValueError(f"--mesh {mesh}: cp does not run mixture-of-experts models yet (their tokens are dispatched "
                          f"whole-sequence); drop cp from the mesh (ep, fsdp and tp split them).")

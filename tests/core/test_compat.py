@@ -187,6 +187,25 @@ def test_dispatch_modes_are_still_private():
         "torch ships TorchDispatchMode publicly: import it there and drop compat/dispatch_mode.py")
 
 
+def test_dtensor_folds_a_split_sequence_exactly_outside_its_gate(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("cp",))
+        x = distribute_tensor(torch.randn(2, 4, 3), mesh, [Shard(1)])  # (B, T, d), T split
+        w = distribute_tensor(torch.randn(5, 3), mesh, [Replicate()])
+        try:
+            folds = tuple(torch.nn.functional.linear(x, w).shape) == (2, 4, 5)
+        except RuntimeError:
+            folds = False
+    finally:
+        dist.destroy_process_group()
+    assert folds != gated_on("dtensor_sequence_fold"), f"torch {torch.__version__}: move the gate's range"
+
+
 def test_checkpoint_still_fails_under_func_grad():
     """Why remat runs plainly inside a torch.func transform (compat/functorch.py): torch's own
     checkpoint does not run under `torch.func.grad` either. When it does, remat can recompute there."""
