@@ -3,8 +3,8 @@
 Public names: `dot_product_attention`, `attention_mask`, `repeat_kv`.
 
 Each family's attention layer (`ember.models.llama3.Attention`, `ember.models.gpt2.CausalSelfAttention`)
-projects q, k, v and reshapes them to `(B, H, T, D)`, then calls `dot_product_attention`, which picks
-how to compute `softmax(q k^T / sqrt(D)) v`:
+projects q, k, v and reshapes them to `(B, heads, T, D)` (keys and values may have fewer heads: grouped-query
+attention), then calls `dot_product_attention`, which picks how to compute `softmax(q k^T / sqrt(D)) v`:
     - `torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient kernels), with
       `is_causal=True` when no mask is given, else the boolean mask from `attention_mask`: causal and
       masked (packed documents, a sliding window), in chunks of queries that each read the keys up
@@ -19,7 +19,8 @@ how to compute `softmax(q k^T / sqrt(D)) v`:
 A batch reordered for context parallelism (`ember.data.ContextOrder`) carries `token_index`, each
 token's index before the reordering: causal masks and windows then compare those, on every device.
 `repeat_kv` follows Hugging Face's order (query head `h` uses key/value head `h // (H // KV)`) and
-traces on every backend (eager, Inductor, torch_xla, DTensor).
+traces on every backend (eager, Inductor, torch_xla, DTensor); it runs inside, after keys and values
+are gathered over `cp`, so only the `KV` heads cross processes.
 
 Example:
     >>> import torch
@@ -117,7 +118,8 @@ def dot_product_attention(
     """`softmax(q k^T / sqrt(D)) v` with causal / segment / padding masking and keyed probability dropout.
 
     Args:
-        q, k, v: (B, H, T, D) (v's D may differ); grouped-query keys and values already repeated to H heads.
+        q: (B, H, T, D). k, v: (B, KV, T, D) (v's D may differ), `KV` dividing `H`: grouped-query attention,
+            query head `h` reading key/value head `h // (H / KV)` (repeated here, after any gather over `cp`).
         causal: forbid attending to later positions.
         segment_ids: (B, T) ints; tokens attend only within their own segment (packed documents).
         padding_mask: (B, T) bool/int, 1 for real tokens and 0 for padding keys.
@@ -131,14 +133,15 @@ def dot_product_attention(
     Returns:
         (B, H, T, v's D).
     """
-    T = q.shape[2]
+    T, n_rep = q.shape[2], _query_heads_per_kv_head(q, k, v)
     if token_index is not None or sequence_split():
         if dropout > 0.0 and key is not None:
             raise NotImplementedError("attention dropout with a reordered or split sequence (context parallelism) is "
                                       "not supported: set the model's attention dropout to 0 or drop cp from the mesh.")
         return _attention_by_index(q, k, v, causal=causal, token_index=token_index, segment_ids=segment_ids,
                                    padding_mask=padding_mask, window=window if window is not None and window < T
-                                   else None, scale=scale)
+                                   else None, scale=scale, n_rep=n_rep)
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, T, D)
     mask = attention_mask(T, causal=causal, segment_ids=segment_ids, padding_mask=padding_mask, window=window,
                           device=q.device)
     explicit = dropout > 0.0 and key is not None
@@ -151,6 +154,15 @@ def dot_product_attention(
         return _causal_query_chunks(q, k, v, mask, scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                                           scale=scale)  # (B, H, T, D)
+
+
+def _query_heads_per_kv_head(q: Tensor, k: Tensor, v: Tensor) -> int:
+    h, kv = q.shape[1], k.shape[1]
+    if kv == 0 or h % kv or v.shape[1] != kv:
+        raise ValueError(f"dot_product_attention: {h} query heads against {kv} key and {v.shape[1]} value heads; keys "
+                         f"and values need the same number of heads, one that divides the queries' (grouped-query "
+                         f"attention): check the model's n_heads and n_kv_heads.")
+    return h // kv
 
 
 QUERY_CHUNK = 256
@@ -174,8 +186,9 @@ def _causal_query_chunks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: O
 
 def _attention_by_index(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, token_index: Optional[Tensor],
                         segment_ids: Optional[Tensor], padding_mask: Optional[Tensor], window: Optional[int],
-                        scale: Optional[float]) -> Tensor:
-    """Each process's queries against every key (`context_attention`), the mask from each token's own index."""
+                        scale: Optional[float], n_rep: int) -> Tensor:
+    """Each process's queries against every key (`context_attention`), the mask from each token's own index;
+    grouped-query keys and values are repeated after they are gathered (`n_rep` times fewer bytes cross)."""
     tokens = {"index": torch.arange(q.shape[2], device=q.device) if token_index is None else token_index}
     if segment_ids is not None:
         tokens["segment_ids"] = segment_ids
@@ -184,6 +197,7 @@ def _attention_by_index(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, token_
 
     def attend(q: Tensor, k: Tensor, v: Tensor, queries: dict, keys: dict) -> Tensor:
         mask = _mask_by_index(queries, keys, causal=causal, window=window)  # (B or 1, 1, Tq, T)
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, KV, T, D) -> (B, H, T, D)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, H, Tq, D)
 
     return context_attention(attend, q, k, v, tokens=tokens)

@@ -53,7 +53,7 @@ from ...core.remat_policies import checkpoint_name
 from ...core.types import Key, Params
 from .._checks import check_tokens
 from ..layers import Embedding, Linear, Module, RMSNorm, RotaryEmbedding, Sequential, Stacks
-from ..layers import dot_product_attention, repeat_kv
+from ..layers import dot_product_attention
 from ..layers import initializers as inits
 from ..layers.axes import RESIDUAL_AXES
 from .config import Llama3Config
@@ -190,10 +190,8 @@ class Attention(Module):
         if kwargs.get("kv_cache") is not None:  # decoding: keys and values go through the cache (layers/kv_cache.py)
             y = kwargs["kv_cache"].attend(q, k.transpose(1, 2), v.transpose(1, 2), window=self.window)  # (B, H, T, D)
             return self.call("wo", params, y.transpose(1, 2).reshape(B, T, H * D), **kwargs)  # (B, T, d_model)
-        k = repeat_kv(k.transpose(1, 2), H // KV)  # (B, KV, T, D) -> (B, H, T, D): head h reads kv head h // (H/KV)
-        v = repeat_kv(v.transpose(1, 2), H // KV)  # (B, KV, T, D) -> (B, H, T, D)
-        y = dot_product_attention(
-            q, k, v, causal=self.causal, segment_ids=kwargs.get("segment_ids"),
+        y = dot_product_attention(  # grouped-query: head h reads kv head h // (H/KV)
+            q, k.transpose(1, 2), v.transpose(1, 2), causal=self.causal, segment_ids=kwargs.get("segment_ids"),
             padding_mask=kwargs.get("attention_mask"), window=self.window, dropout=self.dropout, key=key,
             token_index=kwargs.get("token_index"),
         )  # (B, H, T, D)

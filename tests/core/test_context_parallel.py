@@ -8,7 +8,7 @@ import torch
 
 from ember.core.context_parallel import ContextParallelError, context_attention, head_tail_order
 from ember.data import ContextOrder, make_pipeline
-from ember.models.layers import dot_product_attention
+from ember.models.layers import dot_product_attention, repeat_kv
 
 
 @pytest.mark.parametrize("seq_len,cp", [(8, 2), (24, 3), (16, 4)])
@@ -67,12 +67,14 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("kv_heads", [6, 2])
 @pytest.mark.parametrize("case", list(CASES))
-def test_attention_on_a_reordered_sequence_equals_the_original(case):
+def test_attention_on_a_reordered_sequence_equals_the_original(case, kv_heads):
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 8, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    q = torch.randn(2, 6, 8, 4, generator=g, dtype=torch.float64)  # (B, H, T, D)
+    k, v = (torch.randn(2, kv_heads, 8, 4, generator=g, dtype=torch.float64) for _ in range(2))  # (B, KV, T, D)
     kwargs = CASES[case]
-    want = dot_product_attention(q, k, v, **kwargs)  # (B, H, T, D)
+    want = dot_product_attention(q, repeat_kv(k, 6 // kv_heads), repeat_kv(v, 6 // kv_heads), **kwargs)
     order = torch.tensor(head_tail_order(8, 2))
     moved = {n: t[:, order] if isinstance(t, torch.Tensor) else t for n, t in kwargs.items()}
     got = dot_product_attention(q[:, :, order], k[:, :, order], v[:, :, order], token_index=order.expand(2, 8),

@@ -153,7 +153,7 @@ def test_pipeline_stages_beside_fsdp_or_tp_train_as_one_device(tmp_path, mesh):
 def test_context_parallel_trains_as_one_device(tmp_path, mesh):
     """The sequence split over cp (each in its head-tail order), beside tp, and with pipeline stages and fsdp on
     8 virtual devices: every loss within 1e-4 of one device's, one compile; under cp=2 the step's only
-    all-gathers are of the keys and values, `(B, H, T, D)` whole, and of the keys' token indices (ints)."""
+    all-gathers are of the keys and values, `(B, KV, T, D)` whole (the grouped-query heads repeated after), and of the keys' token indices (ints)."""
     import glob
 
     sys.path.insert(0, str(ROOT / "tests" / "partition_specs"))
@@ -168,6 +168,6 @@ def test_context_parallel_trains_as_one_device(tmp_path, mesh):
     if mesh == "cp=2":
         step = max(glob.glob(str(tmp_path / "hlo" / "*SyncTensorsGraph*after_optimizations.txt")), key=os.path.getsize)
         gathered = count_collectives(open(step).read()).get("all-gather", [])
-        keys = [s for s in gathered if s.startswith("f32[8,6,32,32]")]  # (B, H, T, D), the 2 KV heads repeated
+        keys = [s for s in gathered if s.startswith("f32[8,2,32,32]")]  # (B, KV, T, D): 2 KV heads, not 6 repeated
         assert len(keys) == 2 * 2, gathered  # keys and values, each of the 2 layers
-        assert all(s.startswith(("f32[8,6,32,32]", "s64[8,32]")) for s in gathered), gathered
+        assert all(s.startswith(("f32[8,2,32,32]", "s64[8,32]")) for s in gathered), gathered

@@ -27,6 +27,8 @@ from ember.models.layers import (
     Sequential,
     Stacked,
     Stacks,
+    dot_product_attention,
+    repeat_kv,
     rope_frequencies,
 )
 from ember.models.layers import initializers as inits
@@ -288,6 +290,15 @@ def test_gqa_equals_mha_with_repeated_kv_weights():
              "wv": {"weight": rep(p["wv"]["weight"])}}
     x = _x(2, 5, D)
     assert_trees_all_close(gqa.apply(p, x), mha.apply(p_mha, x), rtol=1e-5, atol=1e-6)
+
+
+def test_grouped_keys_and_values_equal_repeated_ones_and_mismatched_heads_name_the_fix():
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)  # (B, H or KV, T, D)
+    for kwargs in ({}, {"segment_ids": torch.tensor([[0, 0, 1, 1, 1]] * 2)}, {"token_index": torch.arange(5)}):
+        assert_trees_all_close(dot_product_attention(q, k, v, **kwargs),
+                               dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), **kwargs), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="4 query heads against 3 key and 3 value heads.*n_kv_heads"):
+        dot_product_attention(q, torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8))
 
 
 def test_attention_matches_explicit_softmax():

@@ -71,11 +71,12 @@ def test_cp_step_equals_one_device_on_every_process(runs, references, world, cas
 
 @pytest.mark.slow
 def test_cp_gathers_only_the_keys_and_values(runs):
-    """Per layer: one all-gather of the keys and one of the values, `(B, H, T / cp, D)` each, reduce-scattered
+    """Per layer: one all-gather of the keys and one of the values, `(B, KV, T / cp, D)` each (the grouped-query
+    heads repeated after the gather), reduce-scattered
     back in the backward; the keys' token tensors (ints, `(B, T / cp)`) once per layer each; no other
     all-gather (the rest is the gradients' all-reduce over `cp`, as over a batch axis)."""
     layers, b, t, cp = W.LLAMA["n_layers"], W.BATCH, W.SEQ, 2
-    kv = b * W.LLAMA["n_heads"] * (t // cp) * (W.LLAMA["d_model"] // W.LLAMA["n_heads"])
+    kv = b * W.LLAMA["n_kv_heads"] * (t // cp) * (W.LLAMA["d_model"] // W.LLAMA["n_heads"])
     for case, tokens in (("cp=2", 1), ("cp=2 packed", 2)):  # the keys' positions (and packed, segment ids)
         got = runs[2, 0][case]["collectives"]
         gathers = {k: n for k, n in got.items() if k.startswith("all_gather")}
