@@ -9,7 +9,10 @@ what leaves the last stage comes back to the first, for the next repeat or, afte
 output. Microbatches enter stage 0 one per iteration; `repeats * microbatches + stages - 1` iterations
 in all. The backward is autodiff of the whole loop (GPipe run in reverse). A stage outside the
 schedule's diagonal (the bubble) computes on zeros, whatever its buffer holds, and its result is
-never read, so a NaN there reaches no gradient.
+never read, so a NaN there reaches no gradient. An iteration is one function of the carried buffer and
+its row of a timetable (which microbatch enters, which stages work, on which repeat), so in ember's
+Inductor step the iterations are one rolled loop each way (`remat_scan`): the compile does not grow with
+the microbatches.
 
 On DTensor, with the layer dimension split over the mesh axis `pp` (stage-major: each process holds
 its stages' layers), each process runs its own stages on plain tensors and the shift is one
@@ -118,10 +121,10 @@ def _hand_out(result: Tensor, place: _Stages) -> Tensor:
     count), through a term that adds zero."""
     if place.group is None:
         return result
-    import torch.distributed as dist
     from .compat.functional_collectives import broadcast, wait_tensor
 
-    sent = wait_tensor(broadcast(result.detach().contiguous(), dist.get_global_rank(place.group, 0), place.group))
+    # the root is a rank of the group (the functional op hands it to ProcessGroup.broadcast as its root)
+    sent = wait_tensor(broadcast(result.detach().contiguous(), 0, place.group))
     return sent + (result - result.detach()) * float(place.rank == 0)
 
 
@@ -137,33 +140,48 @@ def _local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], stages: int) -
 
     mesh = next(t for t in [x, *leaves, *extras.values()] if isinstance(t, DTensor)).device_mesh
     names = mesh.mesh_dim_names or ()
-    split, whole = [Shard(0) if n == PP else Replicate() for n in names], [Replicate()] * len(names)
-    wrong = [t for t in leaves if isinstance(t, DTensor) and list(t.placements) not in (split, whole)]
-    wrong += [t for t in [x, *extras.values()] if isinstance(t, DTensor) and list(t.placements) != whole]
-    if PP not in names or wrong:
+    split = [Shard(0) if n == PP else Replicate() for n in names]
+
+    def batch_layout(t) -> bool:  # whole over pp, split by rows (or whole) over the batch axes
+        return all(p == Replicate() if n == PP else p in (Replicate(), Shard(0)) for n, p in zip(names, t.placements))
+
+    dim = names.index(PP) if PP in names else None
+    wrong = [t for t in [x, *extras.values()] if isinstance(t, DTensor) and not batch_layout(t)]
+    if dim is not None:
+        wrong += [t for t in leaves if isinstance(t, DTensor) and t.placements[dim] not in (Shard(0), Replicate())]
+    if dim is None or wrong:
         raise PipelineError(
             f"pipeline on DTensor takes the stacked layers split by their first dimension over the mesh axis 'pp' "
-            f"and whole over the rest of the mesh ({split}), the activations replicated; got a mesh with axes {names} and "
+            f"and the activations whole over it (split by rows over batch axes); got a mesh with axes {names} and "
             f"{len(wrong)} tensor(s) laid out otherwise, e.g. {wrong[0].placements if wrong else None}; shard the "
-            f"layers with the rule ('layers', 'pp') on a mesh of pp alone.")
-    dim = names.index(PP)
+            f"layers with the rule ('layers', 'pp').")
     size, rank = mesh.size(dim), mesh.get_local_rank(dim)
     if stages % size:
         raise PipelineError(f"{stages} stages do not split over pp={size}: use a multiple of {size} stages.")
 
-    def share(t):  # a tensor of every layer held whole (a key per layer) gives this process's layers
-        if isinstance(t, DTensor) and list(t.placements) == split:
-            return t.to_local()
-        t = t.to_local() if isinstance(t, DTensor) else t
+    rows = list(x.placements) if isinstance(x, DTensor) else [Replicate()] * len(names)
+    # a layer's gradient on this process sums over its rows of the batch: partial over the axes that split them
+    layer_grads = [Shard(0) if n == PP else Partial() if r == Shard(0) else Replicate() for n, r in zip(names, rows)]
+
+    def share(t):  # this process's stages' layers, gathered over the other axes once per step (FSDP)
+        if isinstance(t, DTensor) and t.placements[dim] == Shard(0):
+            t = t if list(t.placements) == split else t.redistribute(mesh, split)  # backward: reduce-scattered
+            return t.to_local(grad_placements=layer_grads)
+        t = t.full_tensor() if isinstance(t, DTensor) else t  # held whole along the layers (a key per layer)
         return t.reshape(size, -1, *t.shape[1:])[rank]
 
-    def local(t):  # held whole, but only the first stage's process reads it: the others add a zero gradient
-        return t.to_local(grad_placements=partial) if isinstance(t, DTensor) else t
+    def local(t):  # whole over pp, but only the first stage's process reads it: the others add a zero gradient
+        if not isinstance(t, DTensor):
+            return t
+        return t.to_local(grad_placements=[Partial() if n == PP else p for n, p in zip(names, t.placements)])
 
-    partial = [Partial() if n == PP else Replicate() for n in names]
+    def wrap(y):  # laid out as the input: whole over pp, the rows as `x`'s
+        shape = (x.shape[0], *y.shape[1:])
+        return DTensor.from_local(y, mesh, x.placements, run_check=False, shape=torch.Size(shape),
+                                  stride=tuple(torch.empty(shape, device="meta").stride()))
+
     return (tree_map(share, params), local(x), {k: local(v) for k, v in extras.items()},
-            _Stages(stages, mesh.get_group(dim), rank, size),
-            lambda y: DTensor.from_local(y, mesh, whole, run_check=False))
+            _Stages(stages, mesh.get_group(dim), rank, size), wrap)
 
 
 def pipeline(layer_fn: Callable[..., Tensor], params: PyTree, x: Tensor, *, stages: int, microbatches: int,
@@ -189,6 +207,11 @@ def pipeline(layer_fn: Callable[..., Tensor], params: PyTree, x: Tensor, *, stag
     n_layers = leaves[0].shape[0]
     _check(n_layers, x.shape[0], stages, microbatches, repeats)
     params, x, extras, place, wrap = _local_inputs(params, x, dict(batch_kwargs or {}), stages)
+    if x.shape[0] % microbatches:
+        raise PipelineError(
+            f"each process's share of the batch ({x.shape[0]} rows, the batch split over the batch axes beside pp) "
+            f"does not split into {microbatches} microbatches; use a batch size that is a multiple of the "
+            f"microbatches times those axes' size.")
     if place.size > 1 and repeats > 1:
         raise PipelineError(f"repeats={repeats} under pp={place.size} is not supported yet: run repeats=1.")
     per_stage = n_layers // (stages * repeats)
@@ -210,38 +233,75 @@ def _run_stage(layer_fn: Callable, stage_params: PyTree, h: Tensor, extras: Dict
     return h
 
 
+def _timetable(S: int, M: int, R: int, place: _Stages, device: torch.device) -> Dict[str, Tensor]:
+    """What differs from one iteration to the next, as tensors stacked over the `R * M + S - 1` iterations:
+    `enters` (a microbatch enters stage 0), `enter` (which one), `again` (it comes back for another repeat),
+    `working` (per local stage: on the schedule's diagonal, not the bubble), `repeat` and `microbatch` (per
+    local stage: the repeat it runs and the microbatch it holds), `done` (one-hot over `M`: the microbatch
+    the last stage finished, now in slot 0)."""
+    rows: Dict[str, List[Any]] = {k: [] for k in ("enters", "enter", "again", "working", "repeat", "microbatch",
+                                                  "done")}
+    stages = range(place.first, place.first + place.local)
+    for i in range(R * M + S - 1):
+        rows["enters"].append(i < R * M)
+        rows["enter"].append(i % M)
+        rows["again"].append(i >= M)
+        rows["working"].append([0 <= i - g < R * M for g in stages])
+        rows["repeat"].append([min(max((i - g) // M, 0), R - 1) for g in stages])
+        rows["microbatch"].append([(i - g) % M for g in stages])
+        done = i - (S - 1)
+        rows["done"].append([0 <= done < R * M and done % M == m for m in range(M)])
+    ints = {"enter", "repeat", "microbatch"}
+    return {k: torch.tensor(v, dtype=torch.int64 if k in ints else torch.bool, device=device) for k, v in rows.items()}
+
+
 def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, stages: int, microbatches: int,
               repeats: int, extras: Optional[Dict[str, Tensor]] = None) -> Tensor:
-    # Every process runs the same ops and takes every shift's backward (a process that dropped a
-    # shifted buffer would skip its backward exchange and leave the others waiting): what differs
-    # by process is chosen by `torch.where`, whose unchosen side gets a zero gradient.
+    # One iteration is one function of the carried stage buffer and the microbatches returned so far,
+    # and of its row of the timetable: a loop that rolls in ember's Inductor step (`remat_scan`, every
+    # iteration's activations kept as autograd keeps them), so the compile does not grow with the
+    # microbatches. Every process runs the same ops and takes every shift's backward (a process that
+    # dropped a shifted buffer would skip its backward exchange and leave the others waiting): what
+    # differs by process is chosen by `torch.where`, whose unchosen side gets a zero gradient.
+    from .remat_scan import remat_scan
+    from .scan import scan
+
     S, M, R = stages, microbatches, repeats
-    mbs = list(x.reshape(M, x.shape[0] // M, *x.shape[1:]).unbind(0))
+    mbs = x.reshape(M, x.shape[0] // M, *x.shape[1:])  # (M, mb, ...)
     extras = {k: v.reshape(M, v.shape[0] // M, *v.shape[1:]) for k, v in (extras or {}).items()}
     zero = torch.zeros_like(mbs[0])
-    buffer = zero.unsqueeze(0).expand(place.local, *zero.shape)
+    buffer = zero.unsqueeze(0).expand(place.local, *zero.shape).contiguous()
     first_process = torch.tensor(place.first == 0, device=x.device)
-    returned: List[Tensor] = [zero] * M  # what came back to slot 0 (stage 0's on the first process)
     run = torch.func.vmap(lambda p, h, e: _run_stage(layer_fn, p, h, e))
-    for i in range(R * M + S - 1):
-        if i < R * M:  # microbatch i % M enters stage 0, for the first time or the next repeat
-            entering = torch.where(first_process, mbs[i % M] if i < M else returned[i % M], buffer[0])
-            buffer = torch.cat([entering.unsqueeze(0), buffer[1:]])
-        global_stage = range(place.first, place.first + place.local)
-        working = torch.tensor([0 <= i - g < R * M for g in global_stage], device=x.device)
-        inputs = place.pin(torch.where(working.view(-1, *[1] * zero.dim()), buffer, zero))  # the bubble: zeros
-        rep = [min(max((i - g) // M, 0), R - 1) for g in global_stage]
-        mine = [(i - g) % M for g in global_stage]  # the microbatch each stage holds now
-        batch_rows = {k: v[mine] for k, v in extras.items()}
-        buffer = place.shift(run(tree_map(lambda p: _pick(p, rep), staged), inputs, batch_rows))
-        done = i - (S - 1)  # the microbatch the last stage finished, now in slot 0 of the first process
-        if 0 <= done < R * M:
-            returned[done % M] = buffer[0]
-    return _hand_out(torch.cat(returned), place)
+    stage_dims = (-1, *[1] * zero.dim())
+
+    def iteration(carry: Tuple[Tensor, Tensor], now: Dict[str, Tensor], consts: Tuple[Any, ...]):
+        buffer, returned = carry
+        mbs, extras, staged, first_process = consts
+        enter = now["enter"].view(1)
+        new = torch.where(now["again"], returned.index_select(0, enter)[0], mbs.index_select(0, enter)[0])
+        entering = torch.where(now["enters"] & first_process, new, buffer[0])  # into stage 0, on the first process
+        buffer = torch.cat([entering.unsqueeze(0), buffer[1:]])
+        inputs = place.pin(torch.where(now["working"].view(stage_dims), buffer, torch.zeros_like(buffer)))  # bubble: 0
+        rows = {k: v.index_select(0, now["microbatch"]) for k, v in extras.items()}
+        buffer = place.shift(run(tree_map(lambda p: _pick(p, now["repeat"]), staged), inputs, rows))
+        returned = torch.where(now["done"].view(-1, *[1] * zero.dim()), buffer[0].unsqueeze(0), returned)
+        return buffer, returned
+
+    carry = (buffer, torch.zeros_like(mbs))
+    timetable = _timetable(S, M, R, place, x.device)
+    consts = (mbs, extras, staged, first_process)
+    if place.group is None:
+        buffer, returned = remat_scan(iteration, carry, timetable, consts, policy="none", name="ember.pipeline")
+    else:  # the shift is a collective: the iterations stay in the step's graph (a rolled body runs apart)
+        buffer, returned = scan(lambda c, now: (iteration(c, now, consts), None), carry, timetable)[0]
+    return _hand_out(returned.reshape(x.shape), place)
 
 
-def _pick(p: Tensor, repeat_of_stage: Sequence[int]) -> Tensor:
-    """`[local stages, layers per stage, ...]`: each stage's layers of the repeat it runs now."""
-    if all(r == repeat_of_stage[0] for r in repeat_of_stage):
-        return p[repeat_of_stage[0]]
-    return torch.stack([p[r, s] for s, r in enumerate(repeat_of_stage)])
+def _pick(p: Tensor, repeat_of_stage: Tensor) -> Tensor:
+    """`[repeats, local stages, layers per stage, ...]`: each stage's layers of the repeat it runs now
+    (chosen elementwise, so a layout split over the stages stays split)."""
+    out = p[0]
+    for r in range(1, p.shape[0]):
+        out = torch.where((repeat_of_stage == r).view(-1, *[1] * (out.dim() - 1)), p[r], out)
+    return out

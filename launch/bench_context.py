@@ -1,15 +1,17 @@
 """Context parallelism's memory: the transient memory per process of a train step at cp = 1, 2, 4, and the
 longest sequence a device of a given memory trains with and without `cp`.
 
-    python launch/bench_context.py                            # llama3_125m, --seq 512,1024 --cp 1,2,4
+    python launch/bench_context.py                            # llama3_125m, --seq 1024,2048,3072 --cp 1,2,4
     python launch/bench_context.py --budget-gib 80 --markdown BENCHMARKS.md
 
 Each `cp` runs as that many processes over gloo (DTensor, the ready-made layout of `--mesh cp=N`; `cp=1` is one
 plain process), every one training `--model` eagerly with AdamW on one sequence put in `cp`'s head-tail order.
 Per process: the RSS held between steps (parameters, AdamW state, torch itself) and the transient at peak of
-one step after a warm one (`VmHWM` reset, `MALLOC_MMAP_THRESHOLD_` pinned so freed tensors leave RSS), as in
-`launch/bench_scale.py --remat-memory`. Two lengths fit `transient = a T + b T^2` per cp; the longest
-sequence is the largest `T` (a multiple of `2 cp`) with `held + a T + b T^2` within `--budget-gib`.
+one forward and backward after a warm one (the activations kept for the backward and the gradients; the
+optimizer's update peaks apart, by the parameters' size whatever the sequence), `VmHWM` reset and
+`MALLOC_MMAP_THRESHOLD_` pinned so freed tensors leave RSS, as in `launch/bench_scale.py --remat-memory`. Three lengths or more fit `transient = c + a T + b T^2` per cp (`c`:
+the gradients); the longest sequence is the largest `T` (a multiple of `2 cp`) with `held + c + a T + b T^2`
+within `--budget-gib`.
 """
 
 import argparse
@@ -19,6 +21,7 @@ import os
 import sys
 import tempfile
 
+import numpy as np
 import torch
 
 MMAP_THRESHOLD = str(64 * 1024)
@@ -29,6 +32,7 @@ def _measure(seq: int, cp: int, model_name: str) -> dict:
 
     from ember import optim
     from ember.core import TrainState, random
+    from ember.core.transforms import grad
     from ember.core.step_fns import train_step
     from ember.data import ContextOrder
     from ember.launch.benchmark.children import memory_peak, rss_bytes
@@ -41,9 +45,14 @@ def _measure(seq: int, cp: int, model_name: str) -> dict:
     state = TrainState.create(params=model.init(random.key(0)), tx=tx, key=random.key(1))
     tokens = random.randint(random.key(2), (1, seq + 1), 0, cfg.vocab_size)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-    step = train_step(lm_loss(model), tx)
+    loss_fn = lm_loss(model)
+    step = train_step(loss_fn, tx)
+
+    def forward_backward(s, batch):  # what the sequence's length and cp change: the activations kept for backward
+        return grad(lambda p: loss_fn(p, batch, key=None)[0].mean())(s.params)
+
     if cp == 1:
-        run = lambda s: step(s, batch)  # noqa: E731
+        run = lambda s, fn=step: fn(s, batch)  # noqa: E731
     else:
         from ember.core.mesh import Mesh
         from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
@@ -54,13 +63,13 @@ def _measure(seq: int, cp: int, model_name: str) -> dict:
         batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in ordered.items()}
         state = shard(state, sharding, axes=model.axes)
 
-        def run(s):
+        def run(s, fn=step):
             with use_sharding(sharding):
-                return step(s, shard_batch(batch, sharding))
+                return fn(s, shard_batch(batch, sharding))
     state, _ = run(state)  # warm: the optimizer state exists from here on
+    run(state, forward_backward)
     held = rss_bytes()
-    out = []
-    base, peak = memory_peak(lambda: out.append(run(state)), cuda=False)
+    base, peak = memory_peak(lambda: run(state, forward_backward), cuda=False)
     return {"held": held, "transient": peak - base}
 
 
@@ -84,6 +93,7 @@ def measure(seq: int, cp: int, model_name: str) -> dict:
     """The largest `held` and `transient` bytes over the `cp` processes of one run."""
     import torch.multiprocessing as mp
 
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_rank, args=(cp, seq, model_name, out), nprocs=cp, start_method="spawn")
         results = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(cp)]
@@ -91,7 +101,8 @@ def measure(seq: int, cp: int, model_name: str) -> dict:
 
 
 def longest_sequence(held: float, a: float, b: float, budget: float, multiple: int) -> int:
-    """The largest multiple of `multiple` with `held + a T + b T^2 <= budget` (0 when none)."""
+    """The largest multiple of `multiple` with `held + a T + b T^2 <= budget` (0 when none); `b <= 0`: linear
+    (memory does not shrink with length: a fit bending down is measurement noise)."""
     room = budget - held
     if room <= 0:
         return 0
@@ -102,7 +113,7 @@ def longest_sequence(held: float, a: float, b: float, budget: float, multiple: i
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="llama3_125m", help="a run preset of the Llama family")
-    p.add_argument("--seq", default="512,1024", help="two sequence lengths, each a multiple of 2 x every cp")
+    p.add_argument("--seq", default="1024,2048,3072", help="three or more lengths, each a multiple of 2 x every cp")
     p.add_argument("--cp", default="1,2,4")
     p.add_argument("--budget-gib", type=float, default=80.0, help="one device's memory (80: an H100)")
     p.add_argument("--markdown")
@@ -110,10 +121,9 @@ def main(argv=None) -> int:
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:  # the allocator setting needs a fresh process
         os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD
         os.execv(sys.executable, [sys.executable, *sys.argv])
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
     seqs, cps = [int(s) for s in args.seq.split(",")], [int(c) for c in args.cp.split(",")]
-    if len(seqs) != 2:
-        p.error(f"--seq takes two lengths (the fit has two terms); got {args.seq}")
+    if len(seqs) < 3:
+        p.error(f"--seq takes three lengths or more (the fit has three terms); got {args.seq}")
     lines = [f"torch {torch.__version__}, cpu, float32, {args.model}, batch 1, AdamW, eager, DTensor over gloo "
              f"(`python launch/bench_context.py --seq {args.seq} --cp {args.cp} --budget-gib {args.budget_gib:g}`)",
              "", "| cp | T | held per process, GiB | transient per process, GiB | transient vs cp=1 |", "|---|---|---|---|---|"]
@@ -125,14 +135,12 @@ def main(argv=None) -> int:
             ratio = f"{got[t]['transient'] / one[t]['transient']:.2f}x" if one else "-"
             lines.append(f"| {cp} | {t} | {got[t]['held'] / 2**30:.3f} | {got[t]['transient'] / 2**30:.3f} | {ratio} |")
             print(lines[-1], flush=True)
-        (t1, t2), (m1, m2) = seqs, (got[seqs[0]]["transient"], got[seqs[1]]["transient"])
-        b = (m2 / t2 - m1 / t1) / (t2 - t1)  # transient / T = a + b T through both points
-        a = m1 / t1 - b * t1
+        b, a, c = np.polyfit(seqs, [got[t]["transient"] for t in seqs], 2)
         held = max(got[t]["held"] for t in seqs)
-        fits.append((cp, a, b, longest_sequence(held, a, b, args.budget_gib * 2**30, 2 * cp)))
-    lines += ["", f"| cp | a: bytes per token | b: bytes per token^2 | longest sequence within {args.budget_gib:g} GiB |",
-              "|---|---|---|---|"]
-    lines += [f"| {cp} | {a:,.0f} | {b:,.1f} | {t:,} |" for cp, a, b, t in fits]
+        fits.append((cp, c, a, b, longest_sequence(held + c, a, b, args.budget_gib * 2**30, 2 * cp)))
+    lines += ["", f"| cp | c: GiB | a: bytes per token | b: bytes per token^2 | longest sequence within "
+              f"{args.budget_gib:g} GiB |", "|---|---|---|---|---|"]
+    lines += [f"| {cp} | {c / 2**30:.3f} | {a:,.0f} | {b:,.2f} | {t:,} |" for cp, c, a, b, t in fits]
     text = "\n".join(lines)
     print(text)
     if args.markdown:

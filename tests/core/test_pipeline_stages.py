@@ -84,6 +84,26 @@ def test_pipeline_compiled_equals_eager():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("microbatches", [4, 8])
+def test_the_schedule_is_one_loop_each_way_in_embers_compiled_step(microbatches):
+    """The iterations roll (`remat_scan`): the step's graph holds one forward and one backward loop whatever
+    the microbatches, so its compile does not grow with them (BENCHMARKS.md: 16 vs 4 microbatches)."""
+    from ember.core import jit, value_and_grad
+    from ember.core.rolled_loop import _REGISTRY
+
+    params, x = stack(4), torch.randn(2 * microbatches, D, dtype=torch.float64)
+
+    def loss(p, h):
+        return pipeline(layer, p, h, stages=2, microbatches=microbatches).square().mean()
+
+    before = set(_REGISTRY.loops)
+    value, grads = jit(value_and_grad(loss), backend="inductor")(params, x)
+    assert len([k for k in set(_REGISTRY.loops) - before if k.startswith("ember.pipeline")]) == 2
+    want, w, b, _ = loss_and_grads(sequential, params, x)
+    for a, b in zip((value, grads["w"], grads["b"]), (want, w, b)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
 def test_bubble_fraction_is_gpipes():
     assert bubble_fraction(4, 8) == 3 / 11 and bubble_fraction(2, 4, repeats=2) == 1 / 9 and bubble_fraction(1, 3) == 0
 

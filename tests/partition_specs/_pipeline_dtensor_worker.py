@@ -1,8 +1,8 @@
-"""Worker for `test_pipeline_dtensor.py`: a tiny stacked Llama trained over the mesh `pp=2` (gloo).
+"""Worker for `test_pipeline_dtensor.py`: a tiny stacked Llama trained over a mesh with `pp=2` (gloo).
 
-    python tests/partition_specs/_pipeline_dtensor_worker.py --out DIR
+    python tests/partition_specs/_pipeline_dtensor_worker.py --world 2 --out DIR
 
-Two processes; for each case of `CASES` every rank builds `setup()`'s state and batches, shards them
+`--world` processes; for each case of `CASES[world]` every rank builds `setup()`'s state and batches, shards them
 with `Sharding(mesh, for_mesh(...), pipeline=PipelineSchedule(microbatches))`, takes the first batch's
 gradients and runs `STEPS` SGD steps inside `use_sharding`. Each rank writes `DIR/results_<rank>.json`:
 losses, gradients and final parameters (its copies, gathered whole), and each parameter's local shape.
@@ -24,7 +24,10 @@ from _moe_dtensor_worker import grads_of  # noqa: E402  (the first batch's mean-
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=4, ffn_dim=64, max_seq_len=16,
              scan_layers=True)
 BATCH, SEQ, STEPS, LR = 8, 16, 3, 0.5
-CASES = {"eager": (4, False), "compiled": (4, True), "eager, 2 microbatches": (2, False)}  # microbatches, jit
+CASES = {  # name: (mesh, microbatches, compiled)
+    2: {"eager": ("pp=2", 4, False), "compiled": ("pp=2", 4, True), "eager, 2 microbatches": ("pp=2", 2, False)},
+    4: {"pp=2,fsdp=2": ("pp=2,fsdp=2", 2, False), "pp=2,dp=2 compiled": ("pp=2,dp=2", 2, True)},
+}
 
 
 def setup():
@@ -43,7 +46,7 @@ def setup():
     return model, tx, state, batches, lm_loss(model)
 
 
-def _run(microbatches: int, compiled: bool) -> dict:
+def _run(mesh_text: str, world: int, microbatches: int, compiled: bool) -> dict:
     from ember.core.jit import jit
     from ember.core.mesh import Mesh
     from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
@@ -52,7 +55,7 @@ def _run(microbatches: int, compiled: bool) -> dict:
     from ember.core.step_fns import train_step
 
     model, tx, state, batches, loss_fn = setup()
-    mesh = Mesh.parse("pp=2", devices=2, backend="dtensor")
+    mesh = Mesh.parse(mesh_text, devices=world, backend="dtensor")
     sharding = Sharding(mesh, for_mesh(mesh.names), pipeline=PipelineSchedule(microbatches))
     low = sharding.lowering
     state = shard(state, sharding, axes=model.axes)
@@ -71,16 +74,17 @@ def _run(microbatches: int, compiled: bool) -> dict:
             "local": {p: list(low.local_shape(x)) for p, x in tree_leaves_with_path(state.params)}}
 
 
-def _worker(rank: int, out: str) -> None:
+def _worker(rank: int, world: int, out: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), 2), rank=rank, world_size=2)
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), world), rank=rank,
+                            world_size=world)
     results = {}
     try:
-        for name, (microbatches, compiled) in CASES.items():
+        for name, (mesh_text, microbatches, compiled) in CASES[world].items():
             try:
-                results[name] = _run(microbatches, compiled)
+                results[name] = _run(mesh_text, world, microbatches, compiled)
             except Exception:  # report every case, not only the first failure
                 results[name] = {"error": traceback.format_exc()[-4000:]}
         with open(os.path.join(out, f"results_{rank}.json"), "w") as f:  # every rank: none may drift
@@ -92,13 +96,14 @@ def _worker(rank: int, out: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--world", type=int, choices=sorted(CASES), required=True)
     p.add_argument("--out", required=True)
     args = p.parse_args()
     import torch.multiprocessing as mp
 
     os.makedirs(args.out, exist_ok=True)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
-    mp.start_processes(_worker, args=(args.out,), nprocs=2, start_method="spawn")
+    mp.start_processes(_worker, args=(args.world, args.out), nprocs=args.world, start_method="spawn")
 
 
 if __name__ == "__main__":

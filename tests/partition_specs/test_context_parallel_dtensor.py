@@ -6,9 +6,7 @@ segment ids), and the keys' and values' gradients come back reduce-scattered."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -16,42 +14,21 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _context_dtensor_worker as W  # noqa: E402
+from _gloo_runs import one_device, run_worlds  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("context_dtensor")  # one worker runs the module: its fixtures run once
 ATOL = 1e-5
 CASES = [(world, name) for world, cases in W.CASES.items() for name in cases]
 
 
-def _reference(packed: bool) -> dict:
-    from ember.core.pytree import tree_leaves_with_path
-    from ember.core.step_fns import train_step
-
-    model, tx, state, batches, loss_fn = W.setup(packed)
-    grads = dict(tree_leaves_with_path(W.grads_of(loss_fn, state.params, batches[0])))
-    step, losses = train_step(loss_fn, tx), []
-    for batch in batches:
-        state, metrics = step(state, batch)
-        losses.append(float(metrics["loss"]))
-    return {"grads": grads, "losses": losses, "params": dict(tree_leaves_with_path(state.params))}
-
-
 @pytest.fixture(scope="module")
 def references():
-    return {packed: _reference(packed) for packed in (False, True)}
+    return {packed: one_device(W.setup(packed)) for packed in (False, True)}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    results = {}
-    for world in W.CASES:
-        out = tmp_path_factory.mktemp(f"context_dtensor_{world}")
-        proc = subprocess.run([sys.executable, W.__file__, "--world", str(world), "--out", str(out)],
-                              capture_output=True, text=True, timeout=1200, start_new_session=True)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        for rank in range(world):
-            with open(os.path.join(out, f"results_{rank}.json")) as f:
-                results[world, rank] = json.load(f)
-    return results
+    return run_worlds(W.__file__, W.CASES, tmp_path_factory, "context_dtensor")
 
 
 @pytest.mark.slow
