@@ -138,6 +138,8 @@ def _local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], stages: int) -
         return params, x, extras, _Stages(stages), None
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+    from .partition_specs.dtensor import redistribute
+
     mesh = next(t for t in [x, *leaves, *extras.values()] if isinstance(t, DTensor)).device_mesh
     names = mesh.mesh_dim_names or ()
     split = [Shard(0) if n == PP else Replicate() for n in names]
@@ -165,8 +167,8 @@ def _local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], stages: int) -
 
     def share(t):  # this process's stages' layers, gathered over the other axes once per step (FSDP)
         if isinstance(t, DTensor) and t.placements[dim] == Shard(0):
-            t = t if list(t.placements) == split else t.redistribute(mesh, split)  # backward: reduce-scattered
-            return t.to_local(grad_placements=layer_grads)
+            # backward: the gradient to the layers' own layout (reduce-scattered over fsdp, all-reduced over dp)
+            return redistribute(t, mesh, split).to_local(grad_placements=layer_grads)
         t = t.full_tensor() if isinstance(t, DTensor) else t  # held whole along the layers (a key per layer)
         return t.reshape(size, -1, *t.shape[1:])[rank]
 

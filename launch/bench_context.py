@@ -94,6 +94,7 @@ def measure(seq: int, cp: int, model_name: str) -> dict:
     import torch.multiprocessing as mp
 
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD  # read by each spawned process's allocator at its start
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_rank, args=(cp, seq, model_name, out), nprocs=cp, start_method="spawn")
         results = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(cp)]
@@ -118,9 +119,6 @@ def main(argv=None) -> int:
     p.add_argument("--budget-gib", type=float, default=80.0, help="one device's memory (80: an H100)")
     p.add_argument("--markdown")
     args = p.parse_args(argv)
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:  # the allocator setting needs a fresh process
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD
-        os.execv(sys.executable, [sys.executable, *sys.argv])
     seqs, cps = [int(s) for s in args.seq.split(",")], [int(c) for c in args.cp.split(",")]
     if len(seqs) < 3:
         p.error(f"--seq takes three lengths or more (the fit has three terms); got {args.seq}")

@@ -1,6 +1,6 @@
 """`DTensorLowering`: run a `PartitionSpec` as DTensor placements on a torch.distributed `DeviceMesh`.
 
-Public names: `DTensorLowering`, `placements`.
+Public names: `DTensorLowering`, `placements`, `redistribute`.
 
 The lowering is thin (ember convention 12): it turns a spec into one placement per mesh
 dimension and calls DTensor. A tensor dimension `d` whose spec entry names mesh axis `a` gets
@@ -51,7 +51,7 @@ from ..compat import dtensor_rules
 from .rules import ShardingRuleError
 from .spec import PartitionSpec
 
-__all__ = ["DTensorLowering", "placements"]
+__all__ = ["DTensorLowering", "placements", "redistribute"]
 
 _MSG_NO_PROCESS_GROUP = (
     "the DTensor backend needs an initialised torch.distributed process group (one process per "
@@ -183,6 +183,12 @@ class _Redistribute(torch.autograd.Function):
         # Under torch.func the gradient is a functorch wrapper again: redistribute it through this
         # Function, whose forward sees the DTensor inside (and which is itself differentiable).
         return _Redistribute.apply(grad, ctx.device_mesh, want)[0], None, None
+
+
+def redistribute(x: torch.Tensor, device_mesh: Any, want: Sequence[Any]) -> torch.Tensor:
+    """`x` laid out as `want` on `device_mesh`, its gradient returned to `x`'s placements (a pending sum whole):
+    `constrain`'s redistribution, by placements."""
+    return _Redistribute.apply(x, device_mesh, tuple(want))[0]
 
 
 class DTensorLowering:
