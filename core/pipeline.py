@@ -18,8 +18,11 @@ On DTensor, with the layer dimension split over the mesh axis `pp` (stage-major:
 its stages' layers), each process runs its own stages on plain tensors and the shift is one
 exchange: its last stage's buffer goes to the next process (`all_to_all_single` with one non-zero
 split, whose backward is the shift the other way), never an all-gather of the buffer. The output,
-held by the first stage's process, is broadcast to every process of `pp`. So far the DTensor form
-takes a mesh whose other axes replicate the layers, and one repeat. Under torch_xla SPMD the same code
+held by the first stage's process, is broadcast to every process of `pp`. Beside `pp` the DTensor form
+takes batch axes (`dp`, `fsdp`): each process runs its rows of the batch, its stages' layers gathered
+over `fsdp` once per step (not once per microbatch), their gradients reduce-scattered back; one repeat so
+far, and the iterations stay in the step's graph there (the shift is a collective, and a rolled body runs
+apart from the graph). Under torch_xla SPMD the same code
 is one program over every stage: the stage buffer is pinned to `pp` (the rule of `"layers"`), XLA
 lowers the shift to a collective-permute, and the layers inside a stage constrain nothing.
 
