@@ -80,9 +80,9 @@ def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, 
 
     The ready-made layout is resolved against the model's parameter shapes (e.g. 8 experts over `ep=3`
     is refused, naming the degrees that fit); a compiled mixture of experts under `tp` is refused where
-    torch computes it wrong; `pp` needs the blocks as one stack (`scan_layers`) without experts, and on DTensor
-no axes beside it but `dp` and `fsdp`; `cp` needs
-    a sequence (`seq_len`) of two chunks per process and a model without experts; `ep` on a
+    torch computes it wrong; `pp` needs the blocks as one stack (`scan_layers`) without experts, and on
+    DTensor no axes beside it but `dp` and `fsdp`; `cp` needs a sequence (`seq_len`) of two chunks per
+    process and a model without experts; `ep` on a
     model without experts is no mistake (it is then one more batch axis, as `dp`), but `say` gets a
     one-line notice.
     """
