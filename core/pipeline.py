@@ -274,11 +274,10 @@ def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, sta
     S, M, R = stages, microbatches, repeats
     mbs = x.reshape(M, x.shape[0] // M, *x.shape[1:])  # (M, mb, ...)
     extras = {k: v.reshape(M, v.shape[0] // M, *v.shape[1:]) for k, v in (extras or {}).items()}
-    zero = torch.zeros_like(mbs[0])
-    buffer = zero.unsqueeze(0).expand(place.local, *zero.shape).contiguous()
+    buffer = mbs.new_zeros(place.local, *mbs.shape[1:])  # (local stages, mb, ...)
     first_process = torch.tensor(place.first == 0, device=x.device)
     run = torch.func.vmap(lambda p, h, e: _run_stage(layer_fn, p, h, e))
-    stage_dims = (-1, *[1] * zero.dim())
+    leading = (-1, *[1] * (mbs.dim() - 1))  # a (stages,) or (M,) flag against a buffer of microbatches
 
     def iteration(carry: Tuple[Tensor, Tensor], now: Dict[str, Tensor], consts: Tuple[Any, ...]):
         buffer, returned = carry
@@ -287,19 +286,19 @@ def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, sta
         new = torch.where(now["again"], returned.index_select(0, enter)[0], mbs.index_select(0, enter)[0])
         entering = torch.where(now["enters"] & first_process, new, buffer[0])  # into stage 0, on the first process
         buffer = torch.cat([entering.unsqueeze(0), buffer[1:]])
-        inputs = place.pin(torch.where(now["working"].view(stage_dims), buffer, torch.zeros_like(buffer)))  # bubble: 0
+        inputs = place.pin(torch.where(now["working"].view(leading), buffer, 0.0))  # the bubble computes on zeros
         rows = {k: v.index_select(0, now["microbatch"]) for k, v in extras.items()}
         buffer = place.shift(run(tree_map(lambda p: _pick(p, now["repeat"]), staged), inputs, rows))
-        returned = torch.where(now["done"].view(-1, *[1] * zero.dim()), buffer[0].unsqueeze(0), returned)
+        returned = torch.where(now["done"].view(leading), buffer[0].unsqueeze(0), returned)
         return buffer, returned
 
     carry = (buffer, torch.zeros_like(mbs))
     timetable = _timetable(S, M, R, place, x.device)
     consts = (mbs, extras, staged, first_process)
     if place.group is None:
-        buffer, returned = remat_scan(iteration, carry, timetable, consts, policy="none", name="ember.pipeline")
+        _, returned = remat_scan(iteration, carry, timetable, consts, policy="none", name="ember.pipeline")
     else:  # the shift is a collective: the iterations stay in the step's graph (a rolled body runs apart)
-        buffer, returned = scan(lambda c, now: (iteration(c, now, consts), None), carry, timetable)[0]
+        _, returned = scan(lambda c, now: (iteration(c, now, consts), None), carry, timetable)[0]
     return _hand_out(returned.reshape(x.shape), place)
 
 

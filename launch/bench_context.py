@@ -9,9 +9,9 @@ plain process), every one training `--model` eagerly with AdamW on one sequence 
 Per process: the RSS held between steps (parameters, AdamW state, torch itself) and the transient at peak of
 one forward and backward after a warm one (the activations kept for the backward and the gradients; the
 optimizer's update peaks apart, by the parameters' size whatever the sequence), `VmHWM` reset and
-`MALLOC_MMAP_THRESHOLD_` pinned so freed tensors leave RSS, as in `launch/bench_scale.py --remat-memory`. Three lengths or more fit `transient = c + a T + b T^2` per cp (`c`:
-the gradients); the longest sequence is the largest `T` (a multiple of `2 cp`) with `held + c + a T + b T^2`
-within `--budget-gib`.
+`MALLOC_MMAP_THRESHOLD_` pinned so freed tensors leave RSS, as in `launch/bench_scale.py --remat-memory`.
+Three lengths or more fit `transient = c + a T + b T^2` per cp (`c`: the gradients); the longest sequence
+is the largest `T` (a multiple of `2 cp`) with `held + c + a T + b T^2` within `--budget-gib`.
 """
 
 import argparse
@@ -28,8 +28,6 @@ MMAP_THRESHOLD = str(64 * 1024)
 
 
 def _measure(seq: int, cp: int, model_name: str) -> dict:
-    import numpy as np
-
     from ember import optim
     from ember.core import TrainState, random
     from ember.core.transforms import grad

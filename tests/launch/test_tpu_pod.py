@@ -153,7 +153,8 @@ def test_pipeline_stages_beside_fsdp_or_tp_train_as_one_device(tmp_path, mesh):
 def test_context_parallel_trains_as_one_device(tmp_path, mesh):
     """The sequence split over cp (each in its head-tail order), beside tp, and with pipeline stages and fsdp on
     8 virtual devices: every loss within 1e-4 of one device's, one compile; under cp=2 the step's only
-    all-gathers are of the keys and values, `(B, KV, T, D)` whole (the grouped-query heads repeated after), and of the keys' token indices (ints)."""
+    all-gathers are of the keys and values, `(B, KV, T, D)` whole (the grouped-query heads repeated after),
+    and of the keys' token indices (ints)."""
     import glob
 
     sys.path.insert(0, str(ROOT / "tests" / "partition_specs"))

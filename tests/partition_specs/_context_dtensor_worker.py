@@ -11,17 +11,15 @@ forward and backward) and runs `STEPS` SGD steps inside `use_sharding`. Each ran
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-import traceback
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _dtensor_worker import comm_counts, comm_mode  # noqa: E402
+from _gloo_runs import serve  # noqa: E402
 from _moe_dtensor_worker import grads_of  # noqa: E402  (the first batch's mean-loss gradients)
 
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16,
@@ -89,37 +87,5 @@ def _run(mesh_text: str, world: int, compiled: bool, packed: bool) -> dict:
             "params": {p: low.gather(x).tolist() for p, x in tree_leaves_with_path(state.params)}}
 
 
-def _worker(rank: int, world: int, out: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), world), rank=rank,
-                            world_size=world)
-    results = {}
-    try:
-        for name, (mesh_text, compiled, packed) in CASES[world].items():
-            try:
-                results[name] = _run(mesh_text, world, compiled, packed)
-            except Exception:  # report every case, not only the first failure
-                results[name] = {"error": traceback.format_exc()[-4000:]}
-        with open(os.path.join(out, f"results_{rank}.json"), "w") as f:  # every rank: none may drift
-            json.dump(results, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--world", type=int, choices=sorted(CASES), required=True)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    import torch.multiprocessing as mp
-
-    os.makedirs(args.out, exist_ok=True)
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
-    mp.start_processes(_worker, args=(args.world, args.out), nprocs=args.world, start_method="spawn")
-
-
 if __name__ == "__main__":
-    main()
+    serve(CASES, _run, __doc__)

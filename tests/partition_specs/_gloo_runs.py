@@ -1,4 +1,5 @@
-"""Running a gloo worker script once per world size and reading back what each of its ranks wrote.
+"""Gloo worker scripts: their command line (`serve`), running one per world size and reading back what each
+of its ranks wrote (`run_worlds`), and the one-device reference of their cases (`one_device`).
 
 A worker (`_context_dtensor_worker.py`, `_pipeline_dtensor_worker.py`) takes `--world N --out DIR`, spawns N
 processes and has every rank write `DIR/results_<rank>.json`.
@@ -10,7 +11,8 @@ import json
 import os
 import subprocess
 import sys
-from typing import Dict, Iterable, Tuple
+import traceback
+from typing import Callable, Dict, Iterable, Tuple
 
 
 def run_worlds(worker: str, worlds: Iterable[int], tmp_path_factory, name: str,
@@ -43,3 +45,41 @@ def one_device(setup: tuple) -> dict:
         state, metrics = step(state, batch)
         losses.append(float(metrics["loss"]))
     return {"grads": grads, "losses": losses, "params": dict(tree_leaves_with_path(state.params))}
+
+
+def _serve_rank(rank: int, world: int, out: str, cases: Dict[str, tuple], run: Callable[..., dict]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), world), rank=rank,
+                            world_size=world)
+    results = {}
+    try:
+        for name, (mesh_text, *options) in cases.items():
+            try:
+                results[name] = run(mesh_text, world, *options)
+            except Exception:  # report every case, not only the first failure
+                results[name] = {"error": traceback.format_exc()[-4000:]}
+        with open(os.path.join(out, f"results_{rank}.json"), "w") as f:  # every rank: none may drift
+            json.dump(results, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def serve(cases: Dict[int, Dict[str, tuple]], run: Callable[..., dict], description: str) -> None:
+    """A worker's command line, `--world N --out DIR`: N gloo processes, each running `run(mesh, N, *options)`
+    for every case `name: (mesh, *options)` of `cases[N]` and writing `DIR/results_<rank>.json`."""
+    import argparse
+
+    import torch.multiprocessing as mp
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--world", type=int, choices=sorted(cases), required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the gloo ranks run on the CPU, a GPU host too
+    mp.start_processes(_serve_rank, args=(args.world, args.out, cases[args.world], run), nprocs=args.world,
+                       start_method="spawn")
