@@ -12,7 +12,8 @@ schedule's diagonal (the bubble) computes on zeros, whatever its buffer holds, a
 never read, so a NaN there reaches no gradient. An iteration is one function of the carried buffer and
 its row of a timetable (which microbatch enters, which stages work, on which repeat), so in ember's
 Inductor step the iterations are one rolled loop each way (`remat_scan`): the compile does not grow with
-the microbatches.
+the microbatches. Layers that add to totals beside the activations (a mixture of experts' router
+statistics) carry them through the stages as a second buffer; each microbatch's are merged at the end.
 
 On DTensor, with the layer dimension split over the mesh axis `pp` (stage-major: each process holds
 its stages' layers), each process runs its own stages on plain tensors and the shift is one
@@ -20,8 +21,8 @@ exchange: its last stage's buffer goes to the next process (`all_to_all_single` 
 split, whose backward is the shift the other way), never an all-gather of the buffer. The output,
 held by the first stage's process, is broadcast to every process of `pp`. Beside `pp` the DTensor form
 takes batch axes (`dp`, `fsdp`): each process runs its rows of the batch, its stages' layers gathered
-over `fsdp` once per step (not once per microbatch), their gradients reduce-scattered back; one repeat so
-far, and the iterations stay in the step's graph there (the shift is a collective, and a rolled body runs
+over `fsdp` (and experts over `ep`) once per step (not once per microbatch), their gradients reduce-scattered
+back, and totals merged over the batch axes too; one repeat so far, and the iterations stay in the step's graph there (the shift is a collective, and a rolled body runs
 apart from the graph). Under torch_xla SPMD the same code
 is one program over every stage: the stage buffer is pinned to `pp` (the rule of `"layers"`), XLA
 lowers the shift to a collective-permute, and the layers inside a stage constrain nothing.
@@ -40,13 +41,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from .partition_specs.sharding import constrain, current_sharding, use_sharding
-from .pytree import tree_leaves, tree_map
+from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .types import PyTree
 
 __all__ = ["PipelineError", "PipelineSchedule", "bubble_fraction", "pipeline"]
@@ -97,12 +100,13 @@ def _check(n_layers: int, batch: int, stages: int, microbatches: int, repeats: i
 
 class _Stages:
     """Where this process's stages sit: `first`, the global index of its first stage, `local` of them,
-    and the `pp` process group it exchanges with (None: one process holds every stage)."""
+    the `pp` process group it exchanges with (None: one process holds every stage), and the groups of the
+    batch axes that split its rows (DTensor)."""
 
     def __init__(self, stages: int, group: Any = None, rank: int = 0, size: int = 1,
-                 pin: Callable[[Tensor], Tensor] = lambda t: t):
+                 pin: Callable[[Tensor], Tensor] = lambda t: t, batch_groups: Sequence[Tuple[Any, int, int]] = ()):
         self.local, self.group, self.rank, self.size, self.pin = stages // size, group, rank, size, pin
-        self.first = rank * self.local
+        self.first, self.batch_groups = rank * self.local, batch_groups  # (group, rank, size) of each batch axis
 
     def shift(self, out: Tensor) -> Tensor:
         """The buffer one stage along, circularly: slot s gets stage s-1's output, slot 0 the last stage's."""
@@ -129,6 +133,40 @@ def _hand_out(result: Tensor, place: _Stages) -> Tensor:
     # the root is a rank of the group (the functional op hands it to ProcessGroup.broadcast as its root)
     sent = wait_tensor(broadcast(result.detach().contiguous(), 0, place.group))
     return sent + (result - result.detach()) * float(place.rank == 0)
+
+
+class _Totals:
+    """Sums the layers add to beside the activations (a mixture of experts' router statistics), packed as one
+    vector so they ride through the stage buffer as one more tensor; `merge(a, b)` adds two totals."""
+
+    def __init__(self, totals: PyTree, merge: Callable[[PyTree, PyTree], PyTree]):
+        leaves, self.spec = tree_flatten(totals)
+        self.shapes, self.dtypes, self.merge = [t.shape for t in leaves], [t.dtype for t in leaves], merge
+        self.size, self.dtype = sum(math.prod(s) for s in self.shapes), functools.reduce(torch.promote_types, self.dtypes)
+
+    def pack(self, totals: PyTree) -> Tensor:
+        return torch.cat([t.reshape(-1).to(self.dtype) for t in tree_flatten(totals)[0]])
+
+    def unpack(self, flat: Tensor) -> PyTree:
+        parts = torch.split(flat, [math.prod(s) for s in self.shapes])
+        return tree_unflatten([p.reshape(s).to(d) for p, s, d in zip(parts, self.shapes, self.dtypes)], self.spec)
+
+    def fold(self, flats: Sequence[Tensor]) -> Tensor:
+        total = flats[0]
+        for flat in flats[1:]:
+            total = self.pack(self.merge(self.unpack(total), self.unpack(flat)))
+        return total
+
+    def across(self, flat: Tensor, groups: Sequence[Tuple[Any, int, int]]) -> Tensor:
+        """`flat` merged over the processes of each `(group, rank, size)` (the batch axes beside `pp`). The
+        others' terms come as values, this process's own term live: the loss is the same on every process,
+        so each process's gradient reaches its own rows' totals once."""
+        from .compat.functional_collectives import all_gather, wait_tensor
+
+        for group, rank, size in groups:
+            every = wait_tensor(all_gather(flat.detach().unsqueeze(0), 0, group))
+            flat = self.fold([flat if q == rank else every[q] for q in range(size)])
+        return flat
 
 
 def _local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], stages: int) -> Tuple[Any, ...]:
@@ -180,35 +218,43 @@ def _local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], stages: int) -
             return t
         return t.to_local(grad_placements=[Partial() if n == PP else p for n, p in zip(names, t.placements)])
 
-    def wrap(y):  # laid out as the input: whole over pp, the rows as `x`'s
-        shape = (x.shape[0], *y.shape[1:])
-        return DTensor.from_local(y, mesh, x.placements, run_check=False, shape=torch.Size(shape),
+    def wrap(y, whole=False):  # laid out as the input (whole over pp, the rows as `x`'s), or whole everywhere
+        placements, shape = ([Replicate()] * len(names), y.shape) if whole else (x.placements, (x.shape[0], *y.shape[1:]))
+        return DTensor.from_local(y, mesh, placements, run_check=False, shape=torch.Size(shape),
                                   stride=tuple(torch.empty(shape, device="meta").stride()))
 
+    batch_groups = [(mesh.get_group(i), mesh.get_local_rank(i), mesh.size(i)) for i, (n, r) in enumerate(zip(names, rows))
+                    if n != PP and r == Shard(0)]
     return (tree_map(share, params), local(x), {k: local(v) for k, v in extras.items()},
-            _Stages(stages, mesh.get_group(dim), rank, size), wrap)
+            _Stages(stages, mesh.get_group(dim), rank, size, batch_groups=batch_groups), wrap)
 
 
-def pipeline(layer_fn: Callable[..., Tensor], params: PyTree, x: Tensor, *, stages: int, microbatches: int,
-             repeats: int = 1, batch_kwargs: Optional[Dict[str, Tensor]] = None) -> Tensor:
+def pipeline(layer_fn: Callable[..., Any], params: PyTree, x: Tensor, *, stages: int, microbatches: int,
+             repeats: int = 1, batch_kwargs: Optional[Dict[str, Tensor]] = None, totals: Optional[PyTree] = None,
+             merge: Optional[Callable[[PyTree, PyTree], PyTree]] = None) -> Any:
     """`x` through every layer of `params` in order, scheduled as a pipeline of `stages`.
 
     Args:
         layer_fn: `(one layer's params, h, **batch_kwargs) -> h`, `h` of one microbatch (`vmap` runs it over
-            the stages).
+            the stages); with `totals`, `(params, (h, totals), **batch_kwargs) -> (h, totals)`.
         params: the stacked layers, every leaf `[L, ...]`; on DTensor split by `L` over `pp`.
         x: `(B, ...)`, split into `microbatches` along dim 0.
         stages: pipeline stages `S`; each runs `L / (S * repeats)` consecutive layers per repeat.
         microbatches: `M >= S`.
         repeats: circular passes `R` through the stages (stage s holds layers of every repeat).
         batch_kwargs: `(B, ...)` tensors each layer also gets, its microbatch's rows (segment ids, masks).
+        totals: sums the layers add to beside `h` (a mixture of experts' router statistics); each microbatch
+            starts from zeros, and `merge(a, b)` adds two totals (zeros must be its identity).
 
     Returns:
-        `(B, ...)`, what applying the layers one after another gives.
+        `(B, ...)`, what applying the layers one after another gives; with `totals`, `(y, totals merged with
+        every microbatch's)`.
     """
     leaves = tree_leaves(params)
     if not leaves:
         raise PipelineError("pipeline got no layer parameters: pass the stacked layers (leaves [L, ...]).")
+    if (totals is None) != (merge is None):
+        raise PipelineError("pipeline takes totals and merge together: pass both (the totals and how two add) or neither.")
     n_layers = leaves[0].shape[0]
     _check(n_layers, x.shape[0], stages, microbatches, repeats)
     params, x, extras, place, wrap = _local_inputs(params, x, dict(batch_kwargs or {}), stages)
@@ -221,21 +267,33 @@ def pipeline(layer_fn: Callable[..., Tensor], params: PyTree, x: Tensor, *, stag
         raise PipelineError(f"repeats={repeats} under pp={place.size} is not supported yet: run repeats=1.")
     per_stage = n_layers // (stages * repeats)
     staged = tree_map(lambda p: p.reshape(repeats, place.local, per_stage, *p.shape[1:]), params)
+    given = None if totals is None else tree_map(lambda t: t.to_local() if wrap is not None and hasattr(t, "to_local")
+                                                 else t, totals)
+    sums = None if totals is None else _Totals(given, merge)
     sharding = current_sharding()
     if wrap is None and (sharding is None or sharding.mesh.sizes().get(PP, 1) == 1):
-        return _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras)
-    if wrap is None:  # torch_xla: one program of every stage, the stage buffer pinned to pp
-        place.pin = lambda t: constrain(t, (LAYERS,) + (None,) * (t.dim() - 1), sharding=sharding)
-    with use_sharding(None):  # the layers inside a stage constrain nothing (the stage's vmap has no rule)
-        y = _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras)
-    return y if wrap is None else wrap(y)
+        y, flats = _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras, sums)
+    else:
+        if wrap is None:  # torch_xla: one program of every stage, the stage buffer pinned to pp
+            place.pin = lambda t: constrain(t, (LAYERS,) + (None,) * (t.dim() - 1), sharding=sharding)
+        with use_sharding(None):  # the layers inside a stage constrain nothing (the stage's vmap has no rule)
+            y, flats = _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras, sums)
+        y = y if wrap is None else wrap(y)
+    if sums is None:
+        return y
+    ours = sums.across(sums.fold(flats.unbind(0)), place.batch_groups)  # every microbatch, every process's rows
+    out = sums.unpack(sums.fold([sums.pack(given), ours]))
+    return y, (out if wrap is None else tree_map(lambda t: wrap(t, whole=True), out))
 
 
-def _run_stage(layer_fn: Callable, stage_params: PyTree, h: Tensor, extras: Dict[str, Tensor]) -> Tensor:
+def _run_stage(layer_fn: Callable, stage_params: PyTree, lanes: Tuple[Tensor, ...], extras: Dict[str, Tensor],
+               sums: Optional[_Totals]) -> Tuple[Tensor, ...]:
+    """One stage's layers over its lanes: the activations, and with `sums` the packed totals."""
     n = tree_leaves(stage_params)[0].shape[0]
+    h = lanes[0] if sums is None else (lanes[0], sums.unpack(lanes[1]))
     for j in range(n):
         h = layer_fn(tree_map(lambda p: p[j], stage_params), h, **extras)
-    return h
+    return (h,) if sums is None else (h[0], sums.pack(h[1]))
 
 
 def _timetable(S: int, M: int, R: int, place: _Stages, device: torch.device) -> Dict[str, Tensor]:
@@ -261,45 +319,56 @@ def _timetable(S: int, M: int, R: int, place: _Stages, device: torch.device) -> 
 
 
 def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, stages: int, microbatches: int,
-              repeats: int, extras: Optional[Dict[str, Tensor]] = None) -> Tensor:
-    # One iteration is one function of the carried stage buffer and the microbatches returned so far,
+              repeats: int, extras: Optional[Dict[str, Tensor]] = None,
+              sums: Optional[_Totals] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    """`(y, flats)`: the output and, with `sums`, each microbatch's packed totals `(M, n)` (else None)."""
+    # One iteration is one function of the carried stage buffers and the microbatches returned so far,
     # and of its row of the timetable: a loop that rolls in ember's Inductor step (`remat_scan`, every
     # iteration's activations kept as autograd keeps them), so the compile does not grow with the
     # microbatches. Every process runs the same ops and takes every shift's backward (a process that
     # dropped a shifted buffer would skip its backward exchange and leave the others waiting): what
-    # differs by process is chosen by `torch.where`, whose unchosen side gets a zero gradient.
+    # differs by process is chosen by `torch.where`, whose unchosen side gets a zero gradient. The
+    # buffers are lanes: the activations, and the packed totals where the layers add to some.
     from .remat_scan import remat_scan
     from .scan import scan
 
     S, M, R = stages, microbatches, repeats
     mbs = x.reshape(M, x.shape[0] // M, *x.shape[1:])  # (M, mb, ...)
+    sources = (mbs,) if sums is None else (mbs, mbs.new_zeros(M, sums.size, dtype=sums.dtype))
     extras = {k: v.reshape(M, v.shape[0] // M, *v.shape[1:]) for k, v in (extras or {}).items()}
-    buffer = mbs.new_zeros(place.local, *mbs.shape[1:])  # (local stages, mb, ...)
+    buffers = tuple(m.new_zeros(place.local, *m.shape[1:]) for m in sources)  # (local stages, ...) a lane
     first_process = torch.tensor(place.first == 0, device=x.device)
-    run = torch.func.vmap(lambda p, h, e: _run_stage(layer_fn, p, h, e))
-    leading = (-1, *[1] * (mbs.dim() - 1))  # a (stages,) or (M,) flag against a buffer of microbatches
+    run = torch.func.vmap(lambda p, lanes, e: _run_stage(layer_fn, p, lanes, e, sums))
 
-    def iteration(carry: Tuple[Tensor, Tensor], now: Dict[str, Tensor], consts: Tuple[Any, ...]):
-        buffer, returned = carry
-        mbs, extras, staged, first_process = consts
+    def lead(flag: Tensor, t: Tensor) -> Tensor:  # a (stages,) or (M,) flag against a lane
+        return flag.view(-1, *[1] * (t.dim() - 1))
+
+    def iteration(carry: Tuple[Tuple[Tensor, ...], Tuple[Tensor, ...]], now: Dict[str, Tensor],
+                  consts: Tuple[Any, ...]):
+        buffers, returned = carry
+        sources, extras, staged, first_process = consts
         enter = now["enter"].view(1)
-        new = torch.where(now["again"], returned.index_select(0, enter)[0], mbs.index_select(0, enter)[0])
-        entering = torch.where(now["enters"] & first_process, new, buffer[0])  # into stage 0, on the first process
-        buffer = torch.cat([entering.unsqueeze(0), buffer[1:]])
-        inputs = place.pin(torch.where(now["working"].view(leading), buffer, 0.0))  # the bubble computes on zeros
+        lanes = []
+        for buffer, back, source in zip(buffers, returned, sources):
+            new = torch.where(now["again"], back.index_select(0, enter)[0], source.index_select(0, enter)[0])
+            entering = torch.where(now["enters"] & first_process, new, buffer[0])  # into stage 0, first process
+            buffer = torch.cat([entering.unsqueeze(0), buffer[1:]])
+            lanes.append(place.pin(torch.where(lead(now["working"], buffer), buffer, 0.0)))  # the bubble: zeros
         rows = {k: v.index_select(0, now["microbatch"]) for k, v in extras.items()}
-        buffer = place.shift(run(tree_map(lambda p: _pick(p, now["repeat"]), staged), inputs, rows))
-        returned = torch.where(now["done"].view(leading), buffer[0].unsqueeze(0), returned)
-        return buffer, returned
+        out = run(tree_map(lambda p: _pick(p, now["repeat"]), staged), tuple(lanes), rows)
+        buffers = tuple(place.shift(lane) for lane in out)
+        returned = tuple(torch.where(lead(now["done"], r), b[0].unsqueeze(0), r) for b, r in zip(buffers, returned))
+        return buffers, returned
 
-    carry = (buffer, torch.zeros_like(mbs))
+    carry = (buffers, tuple(torch.zeros_like(m) for m in sources))
     timetable = _timetable(S, M, R, place, x.device)
-    consts = (mbs, extras, staged, first_process)
+    consts = (sources, extras, staged, first_process)
     if place.group is None:
         _, returned = remat_scan(iteration, carry, timetable, consts, policy="none", name="ember.pipeline")
     else:  # the shift is a collective: the iterations stay in the step's graph (a rolled body runs apart)
         _, returned = scan(lambda c, now: (iteration(c, now, consts), None), carry, timetable)[0]
-    return _hand_out(returned.reshape(x.shape), place)
+    returned = tuple(_hand_out(r, place) for r in returned)
+    return returned[0].reshape(x.shape), (returned[1] if sums is not None else None)
 
 
 def _pick(p: Tensor, repeat_of_stage: Tensor) -> Tensor:

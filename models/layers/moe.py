@@ -58,7 +58,8 @@ RouterStats = Dict[str, Tensor]
 """Sums over tokens and MoE layers, all float32: `counts` (E,) routed pairs per expert, `probs` (E,)
 router probabilities per expert, `rows` tokens routed, `z` squared log-sum-exp of the logits,
 `pairs` (token, expert) pairs, `dropped` pairs that found their expert full, `max_load` the busiest
-expert's load over the mean (the maximum over layers), `bias` the zero-valued bias signal."""
+expert's load over the mean (the maximum over layers; under `pp`, over microbatches too), `bias` the
+zero-valued bias signal."""
 
 DROPLESS = ("grouped", "padded")
 _BUFFER_BY_GROUP = ("batch", None, None, "embed")  # (G, E, C, d) as the tokens arrive: split by sequence

@@ -24,7 +24,9 @@ elsewhere (eagerly, on torch_xla, on DTensor), one layer after the other, each w
 
 Under a mesh with `pp` (the rule `("layers", "pp")`), `Stacked` runs its layers as pipeline stages
 (`ember.core.pipeline`, with the active `Sharding`'s `PipelineSchedule`); the stages keep every
-activation for the backward (GPipe), whatever `remat` says.
+activation for the backward (GPipe), whatever `remat` says. A layer carrying `(x, totals)` (a mixture of
+experts' router statistics) runs there when it names how two totals add, `layer.merge_totals(a, b)`:
+each microbatch's totals are summed after the stages. `Stacks` pipelines each run on its own.
 
 Example:
     >>> import torch
@@ -201,22 +203,27 @@ class Stacked(Module):
     def _pipelined(self, params: Params, x: PyTree, keys: Optional[Tensor], kwargs: Any) -> Tensor:
         """The layers as `pp` stages (`ember.core.pipeline`): per-example kwargs (`(B, T)` segment ids,
         masks, positions) travel with their microbatch; the rest reach every layer as they are."""
+        h, totals, merge = x, None, getattr(self.layer, "merge_totals", None)
         if not isinstance(x, Tensor):
-            raise PipelineError(
-                f"pp runs stacks whose layers carry one tensor; this one carries {type(x).__name__} (a mixture of "
-                f"experts' router statistics): drop pp from the mesh for this model.")
+            if merge is None or not (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], Tensor)):
+                raise PipelineError(
+                    f"pp runs stacks whose layers carry a tensor, or (tensor, totals) with the layer naming how two "
+                    f"totals add (merge_totals); {type(self.layer).__name__} carries {type(x).__name__}: give it "
+                    f"merge_totals, or drop pp from the mesh for this model.")
+            h, totals = x
         per_example = {k: v for k, v in kwargs.items() if isinstance(v, Tensor) and v.dim() >= 2
-                       and v.shape[0] == x.shape[0]}
+                       and v.shape[0] == h.shape[0]}
         shared = {k: v for k, v in kwargs.items() if k not in per_example}
         stages = _pipeline_stages()
         schedule = current_sharding().pipeline or PipelineSchedule()
         layers = {"params": params} if keys is None else {"params": params, "key": keys}
 
-        def layer_fn(p, h, **rows):
-            return self.layer.apply(p["params"], h, key=p.get("key"), **shared, **rows)
+        def layer_fn(p, carry, **rows):
+            return self.layer.apply(p["params"], carry, key=p.get("key"), **shared, **rows)
 
-        return pipeline(layer_fn, layers, x, stages=stages, microbatches=schedule.microbatches or stages,
-                        repeats=schedule.repeats, batch_kwargs=per_example)
+        return pipeline(layer_fn, layers, h, stages=stages, microbatches=schedule.microbatches or stages,
+                        repeats=schedule.repeats, batch_kwargs=per_example, totals=totals,
+                        merge=None if totals is None else merge)
 
     def stack(self, per_layer: Sequence[Params]) -> Params:
         """This module's params from a list of per-layer params (`Sequential`'s layout)."""

@@ -66,6 +66,9 @@ class MoEBlock(Block):
     `mlp` is a `MoE`, which adds its router's stats to the carry, or a dense feed-forward layer.
     """
 
+    merge_totals = staticmethod(add_router_stats)
+    """How two microbatches' router stats add, under `pp` (`Stacked`)."""
+
     def apply(self, params: Params, carry: Tuple[Tensor, RouterStats], *, key: Optional[Key] = None,
               **kwargs: Any) -> Tuple[Tensor, RouterStats]:
         """Args: carry: `(x (B, T, d), stats)`. Returns: the next `(x, stats)`."""

@@ -49,6 +49,44 @@ def test_pipeline_equals_the_layers_in_order_with_their_gradients(layers, stages
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+def counting_layer(p, carry):  # adds to totals beside the activations, as a mixture of experts' router stats
+    h, totals = carry
+    h = layer(p, h)
+    return h, {"sum": totals["sum"] + h.sum(0), "peak": torch.maximum(totals["peak"], h.abs().max().detach())}
+
+
+def merge_totals(a, b):
+    return {"sum": a["sum"] + b["sum"], "peak": torch.maximum(a["peak"], b["peak"])}
+
+
+@pytest.mark.parametrize("stages,microbatches,repeats", [(2, 4, 1), (2, 2, 2)])
+def test_totals_ride_through_the_stages_and_add_up_over_microbatches(stages, microbatches, repeats):
+    params, x = stack(4), torch.randn(8, D, dtype=torch.float64)
+    given = {"sum": torch.randn(D, dtype=torch.float64), "peak": torch.tensor(0.5, dtype=torch.float64)}
+
+    def plain(p, h):
+        carry = (h, given)
+        for j in range(4):
+            carry = counting_layer({k: v[j] for k, v in p.items()}, carry)
+        return carry
+
+    def piped(p, h):
+        return pipeline(counting_layer, p, h, stages=stages, microbatches=microbatches, repeats=repeats,
+                        totals=given, merge=merge_totals)
+
+    def loss(fn, p, h):
+        y, totals = fn(p, h)
+        return y.square().mean() + totals["sum"].square().sum(), totals["peak"]
+
+    got, want = loss_and_grads(lambda p, h: loss(piped, p, h)[0], params, x), loss_and_grads(
+        lambda p, h: loss(plain, p, h)[0], params, x)
+    for a, b in zip(got, want):  # the sums over microbatches are taken in another order
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-10)
+    assert loss(piped, params, x)[1] == loss(plain, params, x)[1]  # the largest over every microbatch and layer
+    with pytest.raises(PipelineError, match="takes totals and merge together"):
+        pipeline(counting_layer, params, x, stages=2, microbatches=4, totals=given)
+
+
 def test_a_nan_in_a_bubble_slot_reaches_no_gradient():
     from ember.core.pipeline import _schedule, _Stages
 
@@ -65,7 +103,7 @@ def test_a_nan_in_a_bubble_slot_reaches_no_gradient():
 
     params, x = stack(4), torch.randn(M, D, dtype=torch.float64)
     staged = lambda p: {k: t.reshape(1, S, 2, *t.shape[1:]) for k, t in p.items()}  # noqa: E731
-    loss, *grads = loss_and_grads(lambda p, h: _schedule(layer, staged(p), h, NaNInTheBubble(S), S, M, 1),
+    loss, *grads = loss_and_grads(lambda p, h: _schedule(layer, staged(p), h, NaNInTheBubble(S), S, M, 1)[0],
                                   params, x)
     assert all(torch.isfinite(g).all() for g in grads)
     for a, b in zip((loss, *grads), loss_and_grads(sequential, params, x)):

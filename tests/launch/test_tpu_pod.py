@@ -139,12 +139,18 @@ def test_pipeline_stages_train_as_one_device_with_the_shift_a_collective_permute
 
 
 @pytest.mark.xla
-@pytest.mark.parametrize("mesh", ["pp=2,fsdp=2", "pp=2,tp=2"])
-def test_pipeline_stages_beside_fsdp_or_tp_train_as_one_device(tmp_path, mesh):
-    rc, out, err = _run(["--mesh", mesh, *TINY, "--model.scan_layers", "true", "--pipeline_microbatches", "4",
+@pytest.mark.parametrize("mesh,model", [("pp=2,fsdp=2", []), ("pp=2,tp=2", []),
+                                        ("pp=2,ep=2", ["--config", "qwen3_moe_tiny"])])
+def test_pipeline_stages_beside_fsdp_tp_or_ep_train_as_one_device(tmp_path, mesh, model):
+    """Beside `ep`, a Qwen3-MoE's stages hold their layers' share of the experts and its router statistics
+    are summed over the microbatches (the auxiliary loss as one device's)."""
+    rc, out, err = _run([*model, "--mesh", mesh, *TINY, "--model.scan_layers", "true", "--pipeline_microbatches", "4",
                          "--out", str(tmp_path / "run")])
     assert rc == 0, err[-4000:]
     assert "check passed" in out
+    if model:
+        assert re.search(r"^blocks\.mlp\.gate\s+\(2, 8, 128, 192\)\s+\('pp', 'ep', None, None\)\s+\(1, 4, 128, 192\)$",
+                         out, re.M)
     assert [int(c) for c in re.findall(r"^step \d+: loss [\d.]+, compiled (\d+)$", out, re.M)] == [1, 0, 0]
 
 

@@ -21,20 +21,27 @@ from _moe_dtensor_worker import grads_of  # noqa: E402  (the first batch's mean-
 
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=4, ffn_dim=64, max_seq_len=16,
              scan_layers=True)
+MOE = dict(LLAMA, attn_head_dim=8, n_experts=4, experts_per_token=2, moe_ffn_dim=16, first_dense_layers=2,
+           router_aux_loss_coef=0.1, router_z_loss_coef=0.01)  # losses large enough that a mis-summed statistic shows
+"""Qwen3-MoE, a mixed stack: two dense blocks, then two of 4 experts (one run each, pipelined in turn)."""
+MODELS = {"llama": ("llama3", LLAMA), "moe": ("qwen3_moe", MOE)}
 BATCH, SEQ, STEPS, LR = 8, 16, 3, 0.5
-CASES = {  # name: (mesh, microbatches, compiled)
-    2: {"eager": ("pp=2", 4, False), "compiled": ("pp=2", 4, True), "eager, 2 microbatches": ("pp=2", 2, False)},
-    4: {"pp=2,fsdp=2": ("pp=2,fsdp=2", 2, False), "pp=2,dp=2 compiled": ("pp=2,dp=2", 2, True)},
+CASES = {  # name: (mesh, microbatches, compiled, model)
+    2: {"eager": ("pp=2", 4, False, "llama"), "compiled": ("pp=2", 4, True, "llama"),
+        "eager, 2 microbatches": ("pp=2", 2, False, "llama")},
+    4: {"pp=2,fsdp=2": ("pp=2,fsdp=2", 2, False, "llama"), "pp=2,dp=2 compiled": ("pp=2,dp=2", 2, True, "llama"),
+        "moe pp=2,ep=2": ("pp=2,ep=2", 2, False, "moe"), "moe pp=2,ep=2 compiled": ("pp=2,ep=2", 2, True, "moe")},
 }
 
 
-def setup():
+def setup(model_name: str = "llama"):
     """(model, tx, state, batches, loss_fn): the same on every process and in the one-device reference."""
     from ember import optim
     from ember.core import TrainState, random
     from ember.models import build_model, lm_loss
 
-    model = build_model("llama3", "tiny", **LLAMA)
+    family, config = MODELS[model_name]
+    model = build_model(family, "tiny", **config)
     tx = optim.sgd(LR)
     state = TrainState.create(params=model.init(random.key(0)), tx=tx, key=random.key(1))
     tokens = random.randint(random.key(2), (STEPS, BATCH, SEQ + 1), 0, LLAMA["vocab_size"])
@@ -44,7 +51,7 @@ def setup():
     return model, tx, state, batches, lm_loss(model)
 
 
-def _run(mesh_text: str, world: int, microbatches: int, compiled: bool) -> dict:
+def _run(mesh_text: str, world: int, microbatches: int, compiled: bool, model_name: str) -> dict:
     from ember.core.jit import jit
     from ember.core.mesh import Mesh
     from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
@@ -52,7 +59,7 @@ def _run(mesh_text: str, world: int, microbatches: int, compiled: bool) -> dict:
     from ember.core.pytree import tree_leaves_with_path
     from ember.core.step_fns import train_step
 
-    model, tx, state, batches, loss_fn = setup()
+    model, tx, state, batches, loss_fn = setup(model_name)
     mesh = Mesh.parse(mesh_text, devices=world, backend="dtensor")
     sharding = Sharding(mesh, for_mesh(mesh.names), pipeline=PipelineSchedule(microbatches))
     low = sharding.lowering

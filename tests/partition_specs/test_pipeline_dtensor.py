@@ -2,7 +2,10 @@
 step's gradients, SGD losses and final parameters equal one device's (eagerly, compiled by ember's `jit`,
 with as few microbatches as stages, and beside `fsdp` (the stages' layers gathered once per step) and `dp`),
 on every process; packed `segment_ids` travel with their microbatch,
-and the tied embedding (read by the first stage, the head on every process) gets its whole gradient."""
+and the tied embedding (read by the first stage, the head on every process) gets its whole gradient. A
+Qwen3-MoE of two dense blocks then two of experts (two runs, each pipelined) on `pp=2,ep=2`: the experts
+stored split over `ep`, the router statistics summed over microbatches and processes (the auxiliary loss
+and its gradient as one device's)."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ CASES = [(world, name) for world, cases in W.CASES.items() for name in cases]
 
 @pytest.fixture(scope="module")
 def reference():
-    return one_device(W.setup())
+    return {name: one_device(W.setup(name)) for name in W.MODELS}
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +37,20 @@ def runs(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("world,case", CASES)
 def test_pp2_step_equals_one_device_on_every_process(runs, reference, world, case):
-    mesh = W.CASES[world][case][0]
+    mesh, *_, model = W.CASES[world][case]
+    want = reference[model]
     for rank in range(world):
         res = runs[world, rank][case]
         assert "error" not in res, f"{case} failed in the worker on rank {rank}:\n{res['error']}"
-        layers, d = res["local"]["blocks.attn.wq.weight"][0], res["local"]["wte.weight"][1]
-        assert layers == W.LLAMA["n_layers"] // 2  # each process: its stage's layers
-        assert d == W.LLAMA["d_model"] // (2 if "fsdp" in mesh else 1)  # the rest whole, or split over fsdp
-        torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(reference["losses"]), rtol=0, atol=ATOL)
-        for path, want in reference["grads"].items():
-            torch.testing.assert_close(torch.tensor(res["grads"][path]), want, rtol=0, atol=ATOL, msg=path)
-        for path, want in reference["params"].items():
-            torch.testing.assert_close(torch.tensor(res["params"][path]), want, rtol=0, atol=ATOL, msg=path)
+        if model == "moe":  # each process: its stage's layer of each run, and its 2 of the 4 experts
+            assert res["local"]["blocks.0.attn.wq.weight"][0] == res["local"]["blocks.1.attn.wq.weight"][0] == 1
+            assert res["local"]["blocks.1.mlp.gate"][:2] == [1, W.MOE["n_experts"] // 2]
+        else:
+            layers, d = res["local"]["blocks.attn.wq.weight"][0], res["local"]["wte.weight"][1]
+            assert layers == W.LLAMA["n_layers"] // 2  # each process: its stage's layers
+            assert d == W.LLAMA["d_model"] // (2 if "fsdp" in mesh else 1)  # the rest whole, or split over fsdp
+        torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(want["losses"]), rtol=0, atol=ATOL)
+        for path, grad in want["grads"].items():
+            torch.testing.assert_close(torch.tensor(res["grads"][path]), grad, rtol=0, atol=ATOL, msg=path)
+        for path, param in want["params"].items():
+            torch.testing.assert_close(torch.tensor(res["params"][path]), param, rtol=0, atol=ATOL, msg=path)
