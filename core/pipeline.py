@@ -15,17 +15,18 @@ Inductor step the iterations are one rolled loop each way (`remat_scan`): the co
 the microbatches. Layers that add to totals beside the activations (a mixture of experts' router
 statistics) carry them through the stages as a second buffer; each microbatch's are merged at the end.
 
-On DTensor, with the layer dimension split over the mesh axis `pp` (stage-major: each process holds
-its stages' layers), each process runs its own stages on plain tensors and the shift is one
-exchange: its last stage's buffer goes to the next process (`all_to_all_single` with one non-zero
-split, whose backward is the shift the other way), never an all-gather of the buffer. The output,
-held by the first stage's process, is broadcast to every process of `pp`. Beside `pp` the DTensor form
-takes batch axes (`dp`, `fsdp`): each process runs its rows of the batch, its stages' layers gathered
-over `fsdp` (and experts over `ep`) once per step (not once per microbatch), their gradients reduce-scattered
-back, and totals merged over the batch axes too; one repeat so far, and the iterations stay in the step's graph there (the shift is a collective, and a rolled body runs
-apart from the graph). Under torch_xla SPMD the same code
-is one program over every stage: the stage buffer is pinned to `pp` (the rule of `"layers"`), XLA
-lowers the shift to a collective-permute, and the layers inside a stage constrain nothing.
+On DTensor (`ember.core.pipeline_dtensor`), with the layer dimension split over the mesh axis `pp`, each
+process runs its own stages on plain tensors (their layers of every repeat, exchanged once per step when
+there are several) and the shift is one exchange: its last stage's buffer goes to the next process
+(`all_to_all_single` with one non-zero split, whose backward is the shift the other way), never an
+all-gather of the buffer. The output, held by the first stage's process, is broadcast to every process of
+`pp`. Beside `pp` the DTensor form takes batch axes (`dp`, `fsdp`, `ep`): each process runs its rows of the
+batch, its stages' layers gathered over `fsdp` (and experts over `ep`) once per step, not once per
+microbatch, their gradients reduce-scattered back, and totals merged over the batch axes too. The
+iterations stay in the step's graph there (the shift is a collective, and a rolled body runs apart from the
+graph). Under torch_xla SPMD the same code is one program over every stage: the stage buffer is pinned to
+`pp` (the rule of `"layers"`), XLA lowers the shift to a collective-permute, and the layers inside a stage
+constrain nothing.
 
 Example:
     >>> import torch
@@ -169,66 +170,6 @@ class _Totals:
         return flat
 
 
-def _local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], stages: int) -> Tuple[Any, ...]:
-    """`(params, x, extras, place, wrap)` as plain tensors with where their stages sit; from DTensors,
-    this process's shares and `wrap`, which makes the output a DTensor again (None for plain inputs)."""
-    from .jit_backends.dtensor_local import has_dtensor
-
-    leaves = tree_leaves(params)
-    if not has_dtensor([*leaves, x, *extras.values()]):
-        return params, x, extras, _Stages(stages), None
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-
-    from .partition_specs.dtensor import redistribute
-
-    mesh = next(t for t in [x, *leaves, *extras.values()] if isinstance(t, DTensor)).device_mesh
-    names = mesh.mesh_dim_names or ()
-    split = [Shard(0) if n == PP else Replicate() for n in names]
-
-    def batch_layout(t) -> bool:  # whole over pp, split by rows (or whole) over the batch axes
-        return all(p == Replicate() if n == PP else p in (Replicate(), Shard(0)) for n, p in zip(names, t.placements))
-
-    dim = names.index(PP) if PP in names else None
-    wrong = [t for t in [x, *extras.values()] if isinstance(t, DTensor) and not batch_layout(t)]
-    if dim is not None:
-        wrong += [t for t in leaves if isinstance(t, DTensor) and t.placements[dim] not in (Shard(0), Replicate())]
-    if dim is None or wrong:
-        raise PipelineError(
-            f"pipeline on DTensor takes the stacked layers split by their first dimension over the mesh axis 'pp' "
-            f"and the activations whole over it (split by rows over batch axes); got a mesh with axes {names} and "
-            f"{len(wrong)} tensor(s) laid out otherwise, e.g. {wrong[0].placements if wrong else None}; shard the "
-            f"layers with the rule ('layers', 'pp').")
-    size, rank = mesh.size(dim), mesh.get_local_rank(dim)
-    if stages % size:
-        raise PipelineError(f"{stages} stages do not split over pp={size}: use a multiple of {size} stages.")
-
-    rows = list(x.placements) if isinstance(x, DTensor) else [Replicate()] * len(names)
-    # a layer's gradient on this process sums over its rows of the batch: partial over the axes that split them
-    layer_grads = [Shard(0) if n == PP else Partial() if r == Shard(0) else Replicate() for n, r in zip(names, rows)]
-
-    def share(t):  # this process's stages' layers, gathered over the other axes once per step (FSDP)
-        if isinstance(t, DTensor) and t.placements[dim] == Shard(0):
-            # backward: the gradient to the layers' own layout (reduce-scattered over fsdp, all-reduced over dp)
-            return redistribute(t, mesh, split).to_local(grad_placements=layer_grads)
-        t = t.full_tensor() if isinstance(t, DTensor) else t  # held whole along the layers (a key per layer)
-        return t.reshape(size, -1, *t.shape[1:])[rank]
-
-    def local(t):  # whole over pp, but only the first stage's process reads it: the others add a zero gradient
-        if not isinstance(t, DTensor):
-            return t
-        return t.to_local(grad_placements=[Partial() if n == PP else p for n, p in zip(names, t.placements)])
-
-    def wrap(y, whole=False):  # laid out as the input (whole over pp, the rows as `x`'s), or whole everywhere
-        placements, shape = ([Replicate()] * len(names), y.shape) if whole else (x.placements, (x.shape[0], *y.shape[1:]))
-        return DTensor.from_local(y, mesh, placements, run_check=False, shape=torch.Size(shape),
-                                  stride=tuple(torch.empty(shape, device="meta").stride()))
-
-    batch_groups = [(mesh.get_group(i), mesh.get_local_rank(i), mesh.size(i)) for i, (n, r) in enumerate(zip(names, rows))
-                    if n != PP and r == Shard(0)]
-    return (tree_map(share, params), local(x), {k: local(v) for k, v in extras.items()},
-            _Stages(stages, mesh.get_group(dim), rank, size, batch_groups=batch_groups), wrap)
-
-
 def pipeline(layer_fn: Callable[..., Any], params: PyTree, x: Tensor, *, stages: int, microbatches: int,
              repeats: int = 1, batch_kwargs: Optional[Dict[str, Tensor]] = None, totals: Optional[PyTree] = None,
              merge: Optional[Callable[[PyTree, PyTree], PyTree]] = None) -> Any:
@@ -255,16 +196,16 @@ def pipeline(layer_fn: Callable[..., Any], params: PyTree, x: Tensor, *, stages:
         raise PipelineError("pipeline got no layer parameters: pass the stacked layers (leaves [L, ...]).")
     if (totals is None) != (merge is None):
         raise PipelineError("pipeline takes totals and merge together: pass both (the totals and how two add) or neither.")
+    from .pipeline_dtensor import local_inputs
+
     n_layers = leaves[0].shape[0]
     _check(n_layers, x.shape[0], stages, microbatches, repeats)
-    params, x, extras, place, wrap = _local_inputs(params, x, dict(batch_kwargs or {}), stages)
+    params, x, extras, place, wrap = local_inputs(params, x, dict(batch_kwargs or {}), stages, repeats)
     if x.shape[0] % microbatches:
         raise PipelineError(
             f"each process's share of the batch ({x.shape[0]} rows, the batch split over the batch axes beside pp) "
             f"does not split into {microbatches} microbatches; use a batch size that is a multiple of the "
             f"microbatches times those axes' size.")
-    if place.size > 1 and repeats > 1:
-        raise PipelineError(f"repeats={repeats} under pp={place.size} is not supported yet: run repeats=1.")
     per_stage = n_layers // (stages * repeats)
     staged = tree_map(lambda p: p.reshape(repeats, place.local, per_stage, *p.shape[1:]), params)
     given = None if totals is None else tree_map(lambda t: t.to_local() if wrap is not None and hasattr(t, "to_local")

@@ -3,6 +3,7 @@ longest sequence a device of a given memory trains with and without `cp`.
 
     python launch/bench_context.py                            # llama3_125m, --seq 1024,2048,3072 --cp 1,2,4
     python launch/bench_context.py --budget-gib 80 --markdown BENCHMARKS.md
+    python launch/bench_context.py --attention                # attention's own cost of not keeping its mask
 
 Each `cp` runs as that many processes over gloo (DTensor, the ready-made layout of `--mesh cp=N`; `cp=1` is one
 plain process), every one training `--model` eagerly with AdamW on one sequence put in `cp`'s head-tail order.
@@ -95,8 +96,46 @@ def measure(seq: int, cp: int, model_name: str) -> dict:
     os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD  # read by each spawned process's allocator at its start
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_rank, args=(cp, seq, model_name, out), nprocs=cp, start_method="spawn")
-        results = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(cp)]
+        results = []
+        for r in range(cp):
+            with open(os.path.join(out, f"rank{r}.json")) as f:
+                results.append(json.load(f))
     return {k: max(r[k] for r in results) for k in ("held", "transient")}
+
+
+def attention_cost(seq: int, cp: int, heads: int, head_dim: int, iters: int = 7) -> dict:
+    """One process's attention under `cp` (its queries against every key, the mask from the head-tail order),
+    forward and backward, as built (rematerialised: the backward builds the mask and runs the forward again)
+    and with both kept, side by side in this process: median seconds of `iters` each, and the largest
+    difference of their gradients."""
+    import statistics
+    import time
+
+    from ember.core.context_parallel import head_tail_order
+    from ember.core.remat import remat
+    from ember.core.transforms import grad
+    from ember.models.layers.attention import _mask_by_index
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, head_dim, generator=g) for n in (seq // cp, seq, seq))
+    order = torch.tensor(head_tail_order(seq, cp))
+    queries, keys = {"index": order[: seq // cp][None]}, {"index": order[None]}
+
+    def attend(q, k, v, queries, keys):
+        mask = _mask_by_index(queries, keys, causal=True, window=None)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    runs = {name: grad(lambda q, k, v, fn=fn: fn(q, k, v, queries, keys).square().sum(), argnums=(0, 1, 2))
+            for name, fn in (("kept", attend), ("remat", remat(attend)))}
+    grads = {name: run(q, k, v) for name, run in runs.items()}  # warm
+    times = {name: [] for name in runs}
+    for _ in range(iters):
+        for name, run in runs.items():  # round-robin: both see the same machine
+            start = time.perf_counter()
+            run(q, k, v)
+            times[name].append(time.perf_counter() - start)
+    diff = max(float((a - b).abs().max()) for a, b in zip(grads["kept"], grads["remat"]))
+    return {**{name: statistics.median(t) for name, t in times.items()}, "grad_diff": diff}
 
 
 def longest_sequence(held: float, a: float, b: float, budget: float, multiple: int) -> int:
@@ -115,9 +154,13 @@ def main(argv=None) -> int:
     p.add_argument("--seq", default="1024,2048,3072", help="three or more lengths, each a multiple of 2 x every cp")
     p.add_argument("--cp", default="1,2,4")
     p.add_argument("--budget-gib", type=float, default=80.0, help="one device's memory (80: an H100)")
+    p.add_argument("--attention", action="store_true",
+                   help="instead: time one layer's attention under each cp > 1, rematerialised (as built) vs kept")
     p.add_argument("--markdown")
     args = p.parse_args(argv)
     seqs, cps = [int(s) for s in args.seq.split(",")], [int(c) for c in args.cp.split(",")]
+    if args.attention:
+        return _attention_table(args.model, seqs, [c for c in cps if c > 1])
     if len(seqs) < 3:
         p.error(f"--seq takes three lengths or more (the fit has three terms); got {args.seq}")
     lines = [f"torch {torch.__version__}, cpu, float32, {args.model}, batch 1, AdamW, eager, DTensor over gloo "
@@ -143,6 +186,22 @@ def main(argv=None) -> int:
         from ember.launch.benchmark import update_markdown
 
         update_markdown(args.markdown, "## Context parallelism: memory per process\n\n" + text)
+    return 0
+
+
+def _attention_table(model_name: str, seqs, cps) -> int:
+    from ember.launch.run_config import get_config as run_config
+
+    cfg = run_config(model_name).model
+    heads, head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
+    print(f"torch {torch.__version__}, cpu, float32, {model_name}'s attention ({heads} heads of {head_dim}), batch 1, "
+          f"forward and backward, median of 7 (`python launch/bench_context.py --attention`)\n\n"
+          f"| cp | T | kept, ms | rematerialised, ms | ratio |\n|---|---|---|---|---|")
+    for cp in cps:
+        for t in seqs:
+            got = attention_cost(t, cp, heads, head_dim)
+            print(f"| {cp} | {t} | {got['kept'] * 1e3:.1f} | {got['remat'] * 1e3:.1f} | {got['remat'] / got['kept']:.2f}x |",
+                  flush=True)
     return 0
 
 

@@ -43,6 +43,7 @@ from torch import Tensor
 from ...core import random
 from ...core.context_parallel import context_attention, sequence_split
 from ...core.partition_specs import explicit_attention_required
+from ...core.remat import remat
 from ...core.types import Key
 
 __all__ = ["attention_mask", "dot_product_attention", "repeat_kv"]
@@ -188,7 +189,10 @@ def _attention_by_index(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, token_
                         segment_ids: Optional[Tensor], padding_mask: Optional[Tensor], window: Optional[int],
                         scale: Optional[float], n_rep: int) -> Tensor:
     """Each process's queries against every key (`context_attention`), the mask from each token's own index;
-    grouped-query keys and values are repeated after they are gathered (`n_rep` times fewer bytes cross)."""
+    grouped-query keys and values are repeated after they are gathered (`n_rep` times fewer bytes cross).
+    The attention is rematerialised: its `(Tq, T)` mask, which a fused kernel keeps for the backward (on the
+    CPU as float), is built again there instead of kept per layer (BENCHMARKS.md, "Context parallelism: the attention
+    rematerialised")."""
     tokens = {"index": torch.arange(q.shape[2], device=q.device) if token_index is None else token_index}
     if segment_ids is not None:
         tokens["segment_ids"] = segment_ids
@@ -200,7 +204,7 @@ def _attention_by_index(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, token_
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, KV, T, D) -> (B, H, T, D)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, H, Tq, D)
 
-    return context_attention(attend, q, k, v, tokens=tokens)
+    return context_attention(remat(attend), q, k, v, tokens=tokens)
 
 
 def _mask_by_index(queries: dict, keys: dict, *, causal: bool, window: Optional[int]) -> Tensor:

@@ -200,7 +200,7 @@ class Stacked(Module):
         return remat_scan(functools.partial(_apply_layer, self.layer), x, (params, keys), kwargs,
                           policy=self.remat, name="ember.Stacked")
 
-    def _pipelined(self, params: Params, x: PyTree, keys: Optional[Tensor], kwargs: Any) -> Tensor:
+    def _pipelined(self, params: Params, x: PyTree, keys: Optional[Tensor], kwargs: Any) -> PyTree:
         """The layers as `pp` stages (`ember.core.pipeline`): per-example kwargs (`(B, T)` segment ids,
         masks, positions) travel with their microbatch; the rest reach every layer as they are."""
         h, totals, merge = x, None, getattr(self.layer, "merge_totals", None)

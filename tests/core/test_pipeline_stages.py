@@ -61,8 +61,9 @@ def merge_totals(a, b):
 
 @pytest.mark.parametrize("stages,microbatches,repeats", [(2, 4, 1), (2, 2, 2)])
 def test_totals_ride_through_the_stages_and_add_up_over_microbatches(stages, microbatches, repeats):
-    params, x = stack(4), torch.randn(8, D, dtype=torch.float64)
-    given = {"sum": torch.randn(D, dtype=torch.float64), "peak": torch.tensor(0.5, dtype=torch.float64)}
+    g = torch.Generator().manual_seed(2)
+    params, x = stack(4), torch.randn(8, D, dtype=torch.float64, generator=g)
+    given = {"sum": torch.randn(D, dtype=torch.float64, generator=g), "peak": torch.tensor(0.5, dtype=torch.float64)}
 
     def plain(p, h):
         carry = (h, given)
@@ -81,7 +82,7 @@ def test_totals_ride_through_the_stages_and_add_up_over_microbatches(stages, mic
     got, want = loss_and_grads(lambda p, h: loss(piped, p, h)[0], params, x), loss_and_grads(
         lambda p, h: loss(plain, p, h)[0], params, x)
     for a, b in zip(got, want):  # the sums over microbatches are taken in another order
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-10)
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     assert loss(piped, params, x)[1] == loss(plain, params, x)[1]  # the largest over every microbatch and layer
     with pytest.raises(PipelineError, match="takes totals and merge together"):
         pipeline(counting_layer, params, x, stages=2, microbatches=4, totals=given)

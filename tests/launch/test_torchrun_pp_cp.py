@@ -1,6 +1,7 @@
 """`launch/train.py --mesh pp=2` and `--mesh cp=2` under torchrun (gloo, Inductor), against the same run in
-one process: a stacked `llama3_tiny` split into two pipeline stages of two layers, four pipeline microbatches,
-whose checkpoint then resumes in one process (the stacked layers' layout does not change with pp); and the
+one process: a stacked `llama3_tiny` split into two pipeline stages run twice (`--pipeline_repeats 2`: stage 0
+runs layers 0 and 2, stage 1 layers 1 and 3), four pipeline microbatches, whose checkpoint then resumes in one
+process (the stacked layers' layout does not change with pp); and the
 same model with every sequence split over two processes (the data in cp's head-tail order), resumed in one
 process too."""
 
@@ -47,10 +48,11 @@ def single(tmp_path_factory):
     return _train(tmp_path_factory.mktemp("single") / "run", sys.executable, args=["--steps", str(STEPS)])
 
 
-def _matches_then_resumes_in_one_process(run, mesh, single):
+def _matches_then_resumes_in_one_process(run, mesh, single, *options):
     """Two steps on `mesh` under torchrun, then steps 3 and 4 resumed in one process: all as `single`. The
     resumed run is eager (the compiled step is the torchrun run's; the restore does not depend on it)."""
-    _assert_same(_train(run, *TORCHRUN, args=["--mesh", mesh, "--steps", "2", "--checkpoint_every", "0"]), single[:2])
+    _assert_same(_train(run, *TORCHRUN, args=["--mesh", mesh, *options, "--steps", "2", "--checkpoint_every", "0"]),
+                 single[:2])
     _train(run, sys.executable,
            args=["--steps", str(STEPS), "--resume", "--checkpoint_every", "0", "--backend", "eager"])
     resumed = [(s, x) for s, x in [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r] if s > 2]
@@ -59,7 +61,8 @@ def _matches_then_resumes_in_one_process(run, mesh, single):
 
 @pytest.mark.slow
 def test_pp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory, single):
-    _matches_then_resumes_in_one_process(tmp_path_factory.mktemp("pp_mesh") / "run", "pp=2", single)
+    _matches_then_resumes_in_one_process(tmp_path_factory.mktemp("pp_mesh") / "run", "pp=2", single,
+                                         "--pipeline_repeats", "2")
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
     python tests/partition_specs/_pipeline_dtensor_worker.py --world 2 --out DIR
 
 `--world` processes; for each case of `CASES[world]` every rank builds `setup()`'s state and batches, shards them
-with `Sharding(mesh, for_mesh(...), pipeline=PipelineSchedule(microbatches))`, takes the first batch's
+with `Sharding(mesh, for_mesh(...), pipeline=PipelineSchedule(microbatches, repeats))`, takes the first batch's
 gradients and runs `STEPS` SGD steps inside `use_sharding`. Each rank writes `DIR/results_<rank>.json`:
 losses, gradients and final parameters (its copies, gathered whole), and each parameter's local shape.
 """
@@ -26,11 +26,13 @@ MOE = dict(LLAMA, attn_head_dim=8, n_experts=4, experts_per_token=2, moe_ffn_dim
 """Qwen3-MoE, a mixed stack: two dense blocks, then two of 4 experts (one run each, pipelined in turn)."""
 MODELS = {"llama": ("llama3", LLAMA), "moe": ("qwen3_moe", MOE)}
 BATCH, SEQ, STEPS, LR = 8, 16, 3, 0.5
-CASES = {  # name: (mesh, microbatches, compiled, model)
-    2: {"eager": ("pp=2", 4, False, "llama"), "compiled": ("pp=2", 4, True, "llama"),
-        "eager, 2 microbatches": ("pp=2", 2, False, "llama")},
-    4: {"pp=2,fsdp=2": ("pp=2,fsdp=2", 2, False, "llama"), "pp=2,dp=2 compiled": ("pp=2,dp=2", 2, True, "llama"),
-        "moe pp=2,ep=2": ("pp=2,ep=2", 2, False, "moe"), "moe pp=2,ep=2 compiled": ("pp=2,ep=2", 2, True, "moe")},
+CASES = {  # name: (mesh, microbatches, compiled, model, repeats)
+    2: {"eager": ("pp=2", 4, False, "llama", 1), "compiled": ("pp=2", 4, True, "llama", 1),
+        "eager, 2 microbatches": ("pp=2", 2, False, "llama", 1),
+        "compiled, 2 repeats": ("pp=2", 4, True, "llama", 2)},
+    4: {"pp=2,fsdp=2": ("pp=2,fsdp=2", 2, False, "llama", 1), "pp=2,dp=2 compiled": ("pp=2,dp=2", 2, True, "llama", 1),
+        "pp=2,fsdp=2, 2 repeats": ("pp=2,fsdp=2", 2, False, "llama", 2),
+        "moe pp=2,ep=2": ("pp=2,ep=2", 2, False, "moe", 1), "moe pp=2,ep=2 compiled": ("pp=2,ep=2", 2, True, "moe", 1)},
 }
 
 
@@ -51,7 +53,7 @@ def setup(model_name: str = "llama"):
     return model, tx, state, batches, lm_loss(model)
 
 
-def _run(mesh_text: str, world: int, microbatches: int, compiled: bool, model_name: str) -> dict:
+def _run(mesh_text: str, world: int, microbatches: int, compiled: bool, model_name: str, repeats: int) -> dict:
     from ember.core.jit import jit
     from ember.core.mesh import Mesh
     from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
@@ -61,7 +63,7 @@ def _run(mesh_text: str, world: int, microbatches: int, compiled: bool, model_na
 
     model, tx, state, batches, loss_fn = setup(model_name)
     mesh = Mesh.parse(mesh_text, devices=world, backend="dtensor")
-    sharding = Sharding(mesh, for_mesh(mesh.names), pipeline=PipelineSchedule(microbatches))
+    sharding = Sharding(mesh, for_mesh(mesh.names), pipeline=PipelineSchedule(microbatches, repeats))
     low = sharding.lowering
     state = shard(state, sharding, axes=model.axes)
     step = train_step(loss_fn, tx)

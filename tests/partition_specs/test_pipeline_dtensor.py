@@ -1,6 +1,7 @@
 """A stacked Llama over meshes with `pp=2` (DTensor, gloo): `layers -> pp` splits the blocks by stage, and the
 step's gradients, SGD losses and final parameters equal one device's (eagerly, compiled by ember's `jit`,
-with as few microbatches as stages, and beside `fsdp` (the stages' layers gathered once per step) and `dp`),
+with as few microbatches as stages, with 2 repeats (each process's block of layers exchanged for its stages'
+layers of both repeats), and beside `fsdp` (the stages' layers gathered once per step) and `dp`),
 on every process; packed `segment_ids` travel with their microbatch,
 and the tied embedding (read by the first stage, the head on every process) gets its whole gradient. A
 Qwen3-MoE of two dense blocks then two of experts (two runs, each pipelined) on `pp=2,ep=2`: the experts
@@ -37,7 +38,7 @@ def runs(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("world,case", CASES)
 def test_pp2_step_equals_one_device_on_every_process(runs, reference, world, case):
-    mesh, *_, model = W.CASES[world][case]
+    mesh, *_, model, _ = W.CASES[world][case]
     want = reference[model]
     for rank in range(world):
         res = runs[world, rank][case]
