@@ -143,7 +143,8 @@ class _Totals:
     def __init__(self, totals: PyTree, merge: Callable[[PyTree, PyTree], PyTree]):
         leaves, self.spec = tree_flatten(totals)
         self.shapes, self.dtypes, self.merge = [t.shape for t in leaves], [t.dtype for t in leaves], merge
-        self.size, self.dtype = sum(math.prod(s) for s in self.shapes), functools.reduce(torch.promote_types, self.dtypes)
+        self.size = sum(math.prod(s) for s in self.shapes)
+        self.dtype = functools.reduce(torch.promote_types, self.dtypes)
 
     def pack(self, totals: PyTree) -> Tensor:
         return torch.cat([t.reshape(-1).to(self.dtype) for t in tree_flatten(totals)[0]])
@@ -195,12 +196,14 @@ def pipeline(layer_fn: Callable[..., Any], params: PyTree, x: Tensor, *, stages:
     if not leaves:
         raise PipelineError("pipeline got no layer parameters: pass the stacked layers (leaves [L, ...]).")
     if (totals is None) != (merge is None):
-        raise PipelineError("pipeline takes totals and merge together: pass both (the totals and how two add) or neither.")
+        raise PipelineError("pipeline takes totals and merge together: pass both (the totals and how two add) or "
+                            "neither.")
     from .pipeline_dtensor import local_inputs
 
     n_layers = leaves[0].shape[0]
     _check(n_layers, x.shape[0], stages, microbatches, repeats)
-    params, x, extras, place, wrap = local_inputs(params, x, dict(batch_kwargs or {}), stages, repeats)
+    params, x, extras, given, place, wrap = local_inputs(params, x, dict(batch_kwargs or {}), totals, stages,
+                                                         repeats)
     if x.shape[0] % microbatches:
         raise PipelineError(
             f"each process's share of the batch ({x.shape[0]} rows, the batch split over the batch axes beside pp) "
@@ -208,8 +211,6 @@ def pipeline(layer_fn: Callable[..., Any], params: PyTree, x: Tensor, *, stages:
             f"microbatches times those axes' size.")
     per_stage = n_layers // (stages * repeats)
     staged = tree_map(lambda p: p.reshape(repeats, place.local, per_stage, *p.shape[1:]), params)
-    given = None if totals is None else tree_map(lambda t: t.to_local() if wrap is not None and hasattr(t, "to_local")
-                                                 else t, totals)
     sums = None if totals is None else _Totals(given, merge)
     sharding = current_sharding()
     if wrap is None and (sharding is None or sharding.mesh.sizes().get(PP, 1) == 1):

@@ -49,15 +49,16 @@ def _exchange(held: Tensor, order: List[List[int]], rank: int, group: Any) -> Te
     return out.index_select(0, index([arrived.index(g) for g in order[rank]]))
 
 
-def local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], stages: int, repeats: int) -> Tuple[Any, ...]:
-    """`(params, x, extras, place, wrap)` as plain tensors with where their stages sit; from DTensors,
+def local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], totals: PyTree, stages: int,
+                 repeats: int) -> Tuple[Any, ...]:
+    """`(params, x, extras, totals, place, wrap)` as plain tensors with where their stages sit; from DTensors,
     this process's shares (its stages' layers, `[repeats * local stages * layers per stage, ...]` in that
     order) and `wrap`, which makes the output a DTensor again (None for plain inputs)."""
     from .jit_backends.dtensor_local import has_dtensor
 
     leaves = tree_leaves(params)
     if not has_dtensor([*leaves, x, *extras.values()]):
-        return params, x, extras, _Stages(stages), None
+        return params, x, extras, totals, _Stages(stages), None
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     from .partition_specs.dtensor import redistribute
@@ -102,11 +103,14 @@ def local_inputs(params: PyTree, x: Any, extras: Dict[str, Any], stages: int, re
         return t.to_local(grad_placements=[Partial() if n == PP else p for n, p in zip(names, t.placements)])
 
     def wrap(y, whole=False):  # laid out as the input (whole over pp, the rows as `x`'s), or whole everywhere
-        placements, shape = ([Replicate()] * len(names), y.shape) if whole else (x.placements, (x.shape[0], *y.shape[1:]))
+        placements = [Replicate()] * len(names) if whole else x.placements
+        shape = y.shape if whole else (x.shape[0], *y.shape[1:])
         return DTensor.from_local(y, mesh, placements, run_check=False, shape=torch.Size(shape),
                                   stride=tuple(torch.empty(shape, device="meta").stride()))
 
-    batch_groups = [(mesh.get_group(i), mesh.get_local_rank(i), mesh.size(i)) for i, (n, r) in enumerate(zip(names, rows))
-                    if n != PP and r == Shard(0)]
-    return (tree_map(share, params), local(x), {k: local(v) for k, v in extras.items()},
+    batch_groups = [(mesh.get_group(i), mesh.get_local_rank(i), mesh.size(i))
+                    for i, (n, r) in enumerate(zip(names, rows)) if n != PP and r == Shard(0)]
+    # the totals come back whole on every process, so the gradient each process gets for the given ones is whole
+    whole = tree_map(lambda t: t.to_local() if isinstance(t, DTensor) else t, totals)
+    return (tree_map(share, params), local(x), {k: local(v) for k, v in extras.items()}, whole,
             _Stages(stages, group, rank, size, batch_groups=batch_groups), wrap)

@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -191,20 +192,24 @@ def _attention_by_index(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, token_
     """Each process's queries against every key (`context_attention`), the mask from each token's own index;
     grouped-query keys and values are repeated after they are gathered (`n_rep` times fewer bytes cross).
     The attention is rematerialised: its `(Tq, T)` mask, which a fused kernel keeps for the backward (on the
-    CPU as float), is built again there instead of kept per layer (BENCHMARKS.md, "Context parallelism: the attention
-    rematerialised")."""
+    CPU as float), is built again there instead of kept per layer (BENCHMARKS.md, "Context parallelism: the
+    attention rematerialised")."""
     tokens = {"index": torch.arange(q.shape[2], device=q.device) if token_index is None else token_index}
     if segment_ids is not None:
         tokens["segment_ids"] = segment_ids
     if padding_mask is not None:
         tokens["padding"] = padding_mask
 
-    def attend(q: Tensor, k: Tensor, v: Tensor, queries: dict, keys: dict) -> Tensor:
-        mask = _mask_by_index(queries, keys, causal=causal, window=window)  # (B or 1, 1, Tq, T)
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, KV, T, D) -> (B, H, T, D)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, H, Tq, D)
-
+    attend = functools.partial(_attend_by_index, causal=causal, window=window, scale=scale, n_rep=n_rep)
     return context_attention(remat(attend), q, k, v, tokens=tokens)
+
+
+def _attend_by_index(q: Tensor, k: Tensor, v: Tensor, queries: dict, keys: dict, *, causal: bool,
+                     window: Optional[int], scale: Optional[float], n_rep: int) -> Tensor:
+    """Some queries `(B, H, Tq, D)` against keys and values `(B, KV, T, D)`, masked by their token tensors."""
+    mask = _mask_by_index(queries, keys, causal=causal, window=window)  # (B or 1, 1, Tq, T)
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, KV, T, D) -> (B, H, T, D)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, H, Tq, D)
 
 
 def _mask_by_index(queries: dict, keys: dict, *, causal: bool, window: Optional[int]) -> Tensor:
