@@ -20,9 +20,11 @@ process runs its own stages on plain tensors (their layers of every repeat, exch
 there are several) and the shift is one exchange: its last stage's buffer goes to the next process
 (`all_to_all_single` with one non-zero split, whose backward is the shift the other way), never an
 all-gather of the buffer. The output, held by the first stage's process, is broadcast to every process of
-`pp`. Beside `pp` the DTensor form takes batch axes (`dp`, `fsdp`, `ep`): each process runs its rows of the
-batch, its stages' layers gathered over `fsdp` (and experts over `ep`) once per step, not once per
-microbatch, their gradients reduce-scattered back, and totals merged over the batch axes too. The
+`pp`. Beside `pp` the DTensor form takes every axis. Over the batch axes (`dp`, `fsdp`, `ep`) each process
+runs its rows of the batch, its stages' layers gathered over `fsdp` (and experts over `ep`) once per step,
+not once per microbatch, their gradients reduce-scattered back, and totals merged over the batch axes too.
+Over the axes that split within the rows (`tp`, `cp`) the stages run their layers one after another on
+DTensors of a slice of the mesh, under the layout restricted to it (`pipeline_dtensor.in_stage`). The
 iterations stay in the step's graph there (the shift is a collective, and a rolled body runs apart from the
 graph). Under torch_xla SPMD the same code is one program over every stage: the stage buffer is pinned to
 `pp` (the rule of `"layers"`), XLA lowers the shift to a collective-permute, and the layers inside a stage
@@ -108,6 +110,7 @@ class _Stages:
                  pin: Callable[[Tensor], Tensor] = lambda t: t, batch_groups: Sequence[Tuple[Any, int, int]] = ()):
         self.local, self.group, self.rank, self.size, self.pin = stages // size, group, rank, size, pin
         self.first, self.batch_groups = rank * self.local, batch_groups  # (group, rank, size) of each batch axis
+        self.vmap = True  # the local stages as one batch (False: one after another)
 
     def shift(self, out: Tensor) -> Tensor:
         """The buffer one stage along, circularly: slot s gets stage s-1's output, slot 0 the last stage's."""
@@ -202,8 +205,8 @@ def pipeline(layer_fn: Callable[..., Any], params: PyTree, x: Tensor, *, stages:
 
     n_layers = leaves[0].shape[0]
     _check(n_layers, x.shape[0], stages, microbatches, repeats)
-    params, x, extras, given, place, wrap = local_inputs(params, x, dict(batch_kwargs or {}), totals, stages,
-                                                         repeats)
+    layer_fn, params, x, extras, given, place, wrap = local_inputs(layer_fn, params, x, dict(batch_kwargs or {}),
+                                                                   totals, stages, repeats)
     if x.shape[0] % microbatches:
         raise PipelineError(
             f"each process's share of the batch ({x.shape[0]} rows, the batch split over the batch axes beside pp) "
@@ -218,7 +221,7 @@ def pipeline(layer_fn: Callable[..., Any], params: PyTree, x: Tensor, *, stages:
     else:
         if wrap is None:  # torch_xla: one program of every stage, the stage buffer pinned to pp
             place.pin = lambda t: constrain(t, (LAYERS,) + (None,) * (t.dim() - 1), sharding=sharding)
-        with use_sharding(None):  # the layers inside a stage constrain nothing (the stage's vmap has no rule)
+        with use_sharding(None):  # the stages constrain nothing (the stage's vmap has no rule), or their own mesh
             y, flats = _schedule(layer_fn, staged, x, place, stages, microbatches, repeats, extras, sums)
         y = y if wrap is None else wrap(y)
     if sums is None:
@@ -280,7 +283,13 @@ def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, sta
     extras = {k: v.reshape(M, v.shape[0] // M, *v.shape[1:]) for k, v in (extras or {}).items()}
     buffers = tuple(m.new_zeros(place.local, *m.shape[1:]) for m in sources)  # (local stages, ...) a lane
     first_process = torch.tensor(place.first == 0, device=x.device)
-    run = torch.func.vmap(lambda p, lanes, e: _run_stage(layer_fn, p, lanes, e, sums))
+    if place.vmap:
+        run = torch.func.vmap(lambda p, lanes, e: _run_stage(layer_fn, p, lanes, e, sums))
+    else:
+        def run(p, lanes, e):
+            each = [_run_stage(layer_fn, tree_map(lambda t: t[s], p), tuple(lane[s] for lane in lanes),
+                               {k: v[s] for k, v in e.items()}, sums) for s in range(place.local)]
+            return tuple(torch.stack(out) for out in zip(*each))
 
     def lead(flag: Tensor, t: Tensor) -> Tensor:  # a (stages,) or (M,) flag against a lane
         return flag.view(-1, *[1] * (t.dim() - 1))

@@ -80,11 +80,9 @@ def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, 
 
     The ready-made layout is resolved against the model's parameter shapes (e.g. 8 experts over `ep=3`
     is refused, naming the degrees that fit); a compiled mixture of experts under `tp` is refused where
-    torch computes it wrong; `pp` needs the blocks as one stack (`scan_layers`), and on DTensor no axes
-    beside it but `dp`, `fsdp` and `ep`; `cp` needs a sequence (`seq_len`) of two chunks per
-    process and a model without experts; `ep` on a
-    model without experts is no mistake (it is then one more batch axis, as `dp`), but `say` gets a
-    one-line notice.
+    torch computes it wrong; `pp` needs the blocks as one stack (`scan_layers`); `cp` needs a sequence
+    (`seq_len`) of two chunks per process and a model without experts; `ep` on a model without experts is
+    no mistake (it is then one more batch axis, as `dp`), but `say` gets a one-line notice.
     """
     mesh = getattr(sharding, "mesh", sharding)
     if mesh is None:
@@ -100,11 +98,6 @@ def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, 
     if pp > 1 and not _has_axis(model.axes, "layers"):
         raise ValueError(f"--mesh {mesh} splits the layers into pp={pp} stages, but this model's blocks are a list, not "
                          f"one stack: pass --model.scan_layers true (or drop pp from the mesh).")
-    beside = [n for n in mesh.names if n not in ("pp", "dp", "fsdp", "ep") and mesh.sizes()[n] > 1]
-    if pp > 1 and mesh.backend == "dtensor" and beside:
-        raise ValueError(f"--mesh {mesh}: on DTensor pp runs beside dp, fsdp and ep so far, not {', '.join(beside)}; drop "
-                         f"{', '.join(beside)} from the mesh (torch_xla runs pp beside tp and cp too: launch/tpu_pod.py "
-                         f"--mesh {mesh}).")
     resolve_tree(model.axes, for_mesh(mesh.names).params, mesh_sizes=mesh.sizes(), shapes=model.param_shapes())
     check_moe_tensor_parallel(backend, mesh, model)
     if ep > 1 and not _has_axis(model.axes, "expert"):

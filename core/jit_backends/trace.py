@@ -42,9 +42,36 @@ def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
         gm = trace_fx(fn, inputs, mode)
     except data_dependent_errors() as err:
         raise DataDependentError(str(err).splitlines()[0][:200]) from err
-    if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
-        raise DataDependentError("a tensor was converted to a Python number")
+    _drop_constant_numbers(gm)
     if compile is None:
         return gm
     with compiling_in(mode):
         return compile(gm, inputs)
+
+
+def _drop_constant_numbers(gm: torch.fx.GraphModule) -> None:
+    """Tensors made from literals alone (an `arange` of a size) may be read as numbers while tracing: DTensor's
+    redistribution planner does so for a sequence folded into a matmul's rows. Those numbers are constants, baked
+    into the ops that use them, so the nodes that computed them are dropped. A number read from anything else
+    (an input, a tensor the function captured) would be baked in too, silently: that is refused.
+
+    Raises:
+        DataDependentError: a tensor other than a literal's was converted to a Python number.
+    """
+    numbers = [n for n in gm.graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
+    if not numbers:
+        return
+    made = set()  # the nodes the numbers came from
+    todo = list(numbers)
+    while todo:
+        node = todo.pop()
+        if node in made:
+            continue
+        if node.op in ("placeholder", "get_attr"):
+            raise DataDependentError("a tensor was converted to a Python number")
+        made.add(node)
+        todo.extend(node.all_input_nodes)
+    for node in reversed(list(gm.graph.nodes)):
+        if node in made and not node.users:
+            gm.graph.erase_node(node)
+    gm.recompile()

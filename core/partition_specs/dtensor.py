@@ -40,8 +40,11 @@ Example (two gloo processes; see `tests/partition_specs/test_dtensor_matrix.py`)
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
-from typing import Any, ContextManager, List, Sequence, Tuple
+import threading
+from typing import Any, Iterator, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -191,6 +194,9 @@ def redistribute(x: torch.Tensor, device_mesh: Any, want: Sequence[Any]) -> torc
     return _Redistribute.apply(x, device_mesh, tuple(want))[0]
 
 
+_REPLICATING = threading.local()  # how deeply DTensorLowering.context is entered in this thread
+
+
 class DTensorLowering:
     """The `Lowering` of `ember.core.partition_specs.sharding` on a torch.distributed `DeviceMesh`.
 
@@ -217,6 +223,33 @@ class DTensorLowering:
         dtensor_rules.install()
         self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
         self._device_mesh = init_device_mesh(self.device_type, mesh.shape, mesh_dim_names=mesh.names)
+        self._slices: dict = {}
+        if mesh.sizes().get("pp", 1) > 1:  # a pipeline's stages compute on slices of the other axes: cut them now
+            others = [n for n in mesh.names if n != "pp" and mesh[n] > 1]
+            for chosen in itertools.product((False, True), repeat=len(others)):
+                if any(chosen):
+                    self.slice([n for n, c in zip(others, chosen) if c])
+
+    @classmethod
+    def on(cls, mesh: Mesh, device_mesh: Any) -> "DTensorLowering":
+        """The lowering of `mesh` on a `DeviceMesh` already built (a slice of a larger one, whose axes it
+        names): what the stages of a pipeline compute on, the processes of their other axes."""
+        if tuple(device_mesh.mesh_dim_names or ()) != mesh.names:
+            raise MeshError(f"a DeviceMesh with axes {device_mesh.mesh_dim_names} cannot lower the mesh {mesh}; slice "
+                            f"the DeviceMesh by the mesh's axis names.")
+        self = cls.__new__(cls)
+        self.mesh, self.device_type, self._device_mesh, self._slices = mesh, device_mesh.device_type, device_mesh, {}
+        return self
+
+    def slice(self, names: Sequence[str]) -> "DTensorLowering":
+        """The lowering of the mesh's axes `names` (in mesh order) on the processes this one shares the other axes'
+        coordinates with. Cached: slicing a `DeviceMesh` runs tensor ops, which a compiled step's trace would
+        record, so the slices a pipeline uses are cut when the lowering is built."""
+        key = tuple(names)
+        if key not in self._slices:
+            sub = self._device_mesh[key] if len(key) > 1 else self._device_mesh[key[0]]
+            self._slices[key] = DTensorLowering.on(Mesh(tuple((n, self.mesh[n]) for n in key)), sub)
+        return self._slices[key]
 
     @property
     def device_mesh(self) -> Any:
@@ -264,8 +297,23 @@ class DTensorLowering:
         full = x.full_tensor() if _is_dtensor(x) else x
         return full.detach().cpu()
 
-    def context(self) -> ContextManager[Any]:
-        """`implicit_replication()`: plain tensors mixed with DTensors count as replicated."""
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        """`implicit_replication()`: plain tensors mixed with DTensors count as replicated. Entered once however
+        deeply lowerings nest (a pipeline's stages run on a slice of the mesh): torch's context turns the
+        replication off when it exits, for the outer one too."""
+        if getattr(_REPLICATING, "depth", 0):
+            _REPLICATING.depth += 1
+            try:
+                yield
+            finally:
+                _REPLICATING.depth -= 1
+            return
         from torch.distributed.tensor.experimental import implicit_replication
 
-        return implicit_replication()
+        _REPLICATING.depth = 1
+        try:
+            with implicit_replication():
+                yield
+        finally:
+            _REPLICATING.depth = 0

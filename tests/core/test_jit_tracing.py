@@ -95,6 +95,29 @@ def test_reading_a_value_while_tracing_names_the_fix(body):
         jit(f)(torch.ones(3))
 
 
+def _graph_reading_a_number_of(source: str) -> torch.fx.GraphModule:
+    """What `make_fx` records when a traced function reads a number: the read, unused, its value baked into the
+    op that used it (here `x * 6`); the number is read from `arange(4).sum()` or from `x.sum()`."""
+    aten, g = torch.ops.aten, torch.fx.Graph()
+    x = g.placeholder("x")
+    made = g.call_function(aten.arange.default, (4,)) if source == "literal" else x
+    g.call_function(aten._local_scalar_dense.default, (g.call_function(aten.sum.default, (made,)),))
+    g.output(g.call_function(aten.mul.Tensor, (x, 6)))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def test_numbers_read_from_literals_are_dropped_from_the_graph_and_any_other_refused():
+    # DTensor's redistribution planner reads offsets from an `arange` of a size while a step is traced
+    from ember.core.jit_backends.trace import DataDependentError, _drop_constant_numbers
+
+    gm = _graph_reading_a_number_of("literal")
+    _drop_constant_numbers(gm)
+    assert [n.op for n in gm.graph.nodes] == ["placeholder", "call_function", "output"]  # x * the baked number
+    assert torch.equal(gm(torch.ones(2)), torch.full((2,), 6.0))
+    with pytest.raises(DataDependentError, match="converted to a Python number"):
+        _drop_constant_numbers(_graph_reading_a_number_of("input"))
+
+
 def test_inputs_that_require_grad_go_through_dynamo():
     w = torch.ones(3, requires_grad=True)
     f = jit(lambda w: (w * 2).sum())

@@ -3,9 +3,10 @@ one process: a stacked `llama3_tiny` split into two pipeline stages run twice (`
 runs layers 0 and 2, stage 1 layers 1 and 3), four pipeline microbatches, whose checkpoint then resumes in one
 process (the stacked layers' layout does not change with pp); and the
 same model with every sequence split over two processes (the data in cp's head-tail order), resumed in one
-process too."""
+process too; and both at once (`--mesh pp=2,cp=2`, four processes, eagerly)."""
 
 import importlib.util
+import math
 import os
 import pathlib
 import subprocess
@@ -20,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # a constant learning rate: a schedule over --steps would differ between a 2-step run resumed to 4 and a 4-step run
 SHORT = ["--model.scan_layers", "true", "--data.max_bytes", "300000", "--log_every", "1", "--eval_every", "0",
          "--sample_tokens", "0", "--optim.schedule", "constant", "--pipeline_microbatches", "4"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]  # + the mesh's size
 STEPS = 4
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
@@ -51,8 +52,9 @@ def single(tmp_path_factory):
 def _matches_then_resumes_in_one_process(run, mesh, single, *options):
     """Two steps on `mesh` under torchrun, then steps 3 and 4 resumed in one process: all as `single`. The
     resumed run is eager (the compiled step is the torchrun run's; the restore does not depend on it)."""
-    _assert_same(_train(run, *TORCHRUN, args=["--mesh", mesh, *options, "--steps", "2", "--checkpoint_every", "0"]),
-                 single[:2])
+    processes = math.prod(int(axis.split("=")[1]) for axis in mesh.split(","))
+    _assert_same(_train(run, *TORCHRUN, str(processes),
+                        args=["--mesh", mesh, *options, "--steps", "2", "--checkpoint_every", "0"]), single[:2])
     _train(run, sys.executable,
            args=["--steps", str(STEPS), "--resume", "--checkpoint_every", "0", "--backend", "eager"])
     resumed = [(s, x) for s, x in [(r["step"], r["loss"]) for r in read_metrics(run) if "loss" in r] if s > 2]
@@ -69,3 +71,11 @@ def test_pp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory
 def test_cp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory, single):
     # parameters are whole over cp, and the data pipeline's state does not depend on cp
     _matches_then_resumes_in_one_process(tmp_path_factory.mktemp("cp_mesh") / "run", "cp=2", single)
+
+
+@pytest.mark.slow
+def test_pp2_cp2_run_matches_one_process_and_resumes_in_one_process(tmp_path_factory, single):
+    # four processes: each runs its stage's layers on its half of every sequence. Eagerly: four processes compiling
+    # the schedule on two cores take over 8 minutes; the compiled pp=2,cp=2 step is test_pipeline_dtensor.py's
+    _matches_then_resumes_in_one_process(tmp_path_factory.mktemp("pp_cp_mesh") / "run", "pp=2,cp=2", single,
+                                         "--backend", "eager")

@@ -48,8 +48,6 @@ MISTAKES = {
     "mesh-without-torchrun": (["--mesh", "dp=2"], "start it as `python launch/train.py --nproc-per-node N --mesh dp=2"),
     "pp-blocks-unstacked": (["--nproc-per-node", "2", "--mesh", "pp=2"],
                             "this model's blocks are a list, not one stack: pass --model.scan_layers true"),
-    "pp-beside-tp-on-dtensor": (["--nproc-per-node", "4", "--mesh", "pp=2,tp=2", "--model.scan_layers", "true"],
-                                "on DTensor pp runs beside dp, fsdp and ep so far, not tp; drop tp from the mesh"),
     "pp-layers-uneven": (["--nproc-per-node", "2", "--mesh", "pp=2", "--model.scan_layers", "true"],
                          r"dimension 0 \('layers'\) has size 1, which does not divide by pp=2"),
     "cp-sequence-uneven": (["--nproc-per-node", "2", "--mesh", "cp=2", "--data.seq_len", "30"],

@@ -3,7 +3,9 @@ step's gradients, SGD losses and final parameters equal one device's (eagerly, c
 with as few microbatches as stages, with 2 repeats (each process's block of layers exchanged for its stages'
 layers of both repeats), and beside `fsdp` (the stages' layers gathered once per step) and `dp`),
 on every process; packed `segment_ids` travel with their microbatch,
-and the tied embedding (read by the first stage, the head on every process) gets its whole gradient. A
+and the tied embedding (read by the first stage, the head on every process) gets its whole gradient. Beside
+`tp` (each stage's layers split by heads and features) and `cp` (each sequence split, in its head-tail order),
+eagerly and compiled: the stages run their layers on DTensors of those axes. A
 Qwen3-MoE of two dense blocks then two of experts (two runs, each pipelined) on `pp=2,ep=2`: the experts
 stored split over `ep`, the router statistics summed over microbatches and processes (the auxiliary loss
 and its gradient as one device's)."""
@@ -47,9 +49,10 @@ def test_pp2_step_equals_one_device_on_every_process(runs, reference, world, cas
             assert res["local"]["blocks.0.attn.wq.weight"][0] == res["local"]["blocks.1.attn.wq.weight"][0] == 1
             assert res["local"]["blocks.1.mlp.gate"][:2] == [1, W.MOE["n_experts"] // 2]
         else:
-            layers, d = res["local"]["blocks.attn.wq.weight"][0], res["local"]["wte.weight"][1]
+            (layers, rows, _), d = res["local"]["blocks.attn.wq.weight"], res["local"]["wte.weight"][1]
             assert layers == W.LLAMA["n_layers"] // 2  # each process: its stage's layers
             assert d == W.LLAMA["d_model"] // (2 if "fsdp" in mesh else 1)  # the rest whole, or split over fsdp
+            assert rows == W.LLAMA["d_model"] // (2 if "tp" in mesh else 1)  # the query heads split over tp
         torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(want["losses"]), rtol=0, atol=ATOL)
         for path, grad in want["grads"].items():
             torch.testing.assert_close(torch.tensor(res["grads"][path]), grad, rtol=0, atol=ATOL, msg=path)

@@ -171,3 +171,27 @@ def test_bad_input_is_refused_before_anything_is_placed():
     assert s.lowering.placed == []
     with use_sharding(_sharding("dp=2")), pytest.raises(ShardingRuleError, match="name 2 dimensions"):
         constrain(torch.ones(3), ("batch", "embed"))
+
+
+def test_nested_dtensor_shardings_keep_implicit_replication_until_the_outer_one_exits():
+    """A pipeline's stages enter a sharding of a slice of the mesh inside the step's; torch's
+    `implicit_replication()` would switch replication off for the outer one when the inner one exits."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharding = Sharding(Mesh((("pp", 1), ("tp", 1))), for_mesh(("pp", "tp")))
+        stage = sharding.lowering.slice(["tp"])
+        assert stage.mesh.names == ("tp",) and stage.device_mesh.mesh_dim_names == ("tp",)
+        x = distribute_tensor(torch.ones(2), sharding.lowering.device_mesh, [Replicate(), Replicate()])
+        with use_sharding(sharding):
+            with use_sharding(Sharding(stage.mesh, for_mesh(("tp",)), lowering=stage)):
+                pass
+            assert torch.equal((x + torch.ones(2)).full_tensor(), torch.full((2,), 2.0))  # still replicated
+        with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+            x + torch.ones(2)
+    finally:
+        dist.destroy_process_group()
