@@ -120,11 +120,7 @@ def local_inputs(layer_fn: Callable[..., Any], params: PyTree, x: Any, extras: D
 
     def wrap(y, whole=False):  # laid out as the input (whole over pp, the rows as `x`'s), or whole everywhere
         placements = [Replicate()] * len(names) if whole else x.placements
-        shape = list(y.shape)
-        for i, p in enumerate(placements):
-            if isinstance(p, Shard):
-                shape[p.dim] *= mesh.size(i)
-        shape = shape if whole else (x.shape[0], *shape[1:])  # the rows as given (an uneven split)
+        shape = y.shape if whole else x.shape  # the output is this process's share of x's shape
         return DTensor.from_local(y, mesh, placements, run_check=False, shape=torch.Size(shape),
                                   stride=tuple(torch.empty(shape, device="meta").stride()))
 

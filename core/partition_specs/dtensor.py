@@ -302,18 +302,12 @@ class DTensorLowering:
         """`implicit_replication()`: plain tensors mixed with DTensors count as replicated. Entered once however
         deeply lowerings nest (a pipeline's stages run on a slice of the mesh): torch's context turns the
         replication off when it exits, for the outer one too."""
-        if getattr(_REPLICATING, "depth", 0):
-            _REPLICATING.depth += 1
-            try:
-                yield
-            finally:
-                _REPLICATING.depth -= 1
-            return
         from torch.distributed.tensor.experimental import implicit_replication
 
-        _REPLICATING.depth = 1
+        depth = getattr(_REPLICATING, "depth", 0)
+        _REPLICATING.depth = depth + 1
         try:
-            with implicit_replication():
+            with implicit_replication() if depth == 0 else contextlib.nullcontext():
                 yield
         finally:
-            _REPLICATING.depth = 0
+            _REPLICATING.depth = depth
