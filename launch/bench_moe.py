@@ -23,6 +23,7 @@ import torch
 
 from ember import optim
 from ember.core import TrainState, pytree, random, to_device
+from ember.core.compat.grouped_mm import grouped_mm, grouped_mm_row_alignment, grouped_mm_runs
 from ember.core.jit import jit
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import MESH_ORDER, memory_per_device, sharding_table
@@ -34,6 +35,7 @@ from ember.launch.run_config import parse_cli
 from ember.models import build_model, count_active_params, count_params, get_config, lm_loss
 from ember.models.layers import initializers as inits
 from ember.models.layers.moe import DROPLESS
+from ember.models.layers.moe_grouped import sort_pairs
 
 LAYER_TOKENS = 4096
 DISPATCH = {"dropless grouped": (None, "grouped"), "dropless padded": (None, "padded"),
@@ -71,25 +73,49 @@ def variants(run_cfg, device, dtype) -> list:
 
 def layer_variants(cfg, tokens: int, device) -> list:
     """One MoE layer of `cfg` (the default dropless) and the SwiGLU of the same active width, forward and
-    backward of a squared-output loss on `tokens` tokens, each compiled by `jit(backend="inductor")`."""
+    backward of a squared-output loss on `tokens` tokens, each compiled by `jit(backend="inductor")`; and the
+    layer's three grouped matmuls alone, on rows already sorted by its router (what the kernel costs without
+    routing), also with gate and up as one grouped matmul of twice the width (a design measured, not used)."""
     from ember.core import value_and_grad
     from ember.models.llama3.model import SwiGLU
 
-    layers = {"layer: dense SwiGLU (same active)": SwiGLU(cfg.d_model, cfg.experts_per_token * cfg.moe_ffn_dim),
-              "layer: moe dropless": build_model("qwen3_moe", cfg).experts(inits.normal(0.02))}
+    dense = SwiGLU(cfg.d_model, cfg.experts_per_token * cfg.moe_ffn_dim)
+    moe = build_model("qwen3_moe", cfg).experts(inits.normal(0.02))
     x = random.normal(random.key(2), (1, tokens, cfg.d_model)).to(device)
-    out = []
-    for name, layer in layers.items():
-        params = to_device(layer.init(random.key(0)), device)
+    moe_params = to_device(moe.init(random.key(0)), device)
+    with torch.no_grad():
+        routing = moe.call("router", moe_params, x[0])
+        pairs = sort_pairs(routing.indices, cfg.n_experts, align=grouped_mm_row_alignment(x.dtype, device.type))
+        rows = torch.cat([x[0], x.new_zeros(1, cfg.d_model)])[pairs.source]  # alignment rows read the zero row
+        used = (pairs.source < tokens)[:, None]
+    experts = {name: moe_params[name] for name in ("gate", "up", "down")}
 
-        def loss(params, x, layer=layer):
+    def layer_loss(layer):
+        def loss(params, x):
             y = layer.apply(params, x)
             return (y[0] if isinstance(y, tuple) else y).square().mean()
+        return loss
 
+    def grouped_swiglu(params, rows, fused):
+        if fused:
+            gate, up = grouped_mm(rows, torch.cat([params["gate"], params["up"]], 1).mT, pairs.ends).chunk(2, -1)
+        else:
+            gate, up = (grouped_mm(rows, params[n].mT, pairs.ends) for n in ("gate", "up"))
+        out = grouped_mm(torch.nn.functional.silu(gate) * up, params["down"].mT, pairs.ends)
+        return torch.where(used, out, 0.0).square().mean()  # rows past the last group's end hold no value
+
+    cases = {"layer: dense SwiGLU (same active)": (layer_loss(dense), to_device(dense.init(random.key(0)), device), x),
+             "layer: moe dropless": (layer_loss(moe), moe_params, x)}
+    if grouped_mm_runs(x.dtype, device.type, cfg.d_model, cfg.moe_ffn_dim):
+        cases["layer: grouped matmuls alone"] = (lambda p, r: grouped_swiglu(p, r, False), experts, rows)
+        cases["layer: grouped matmuls alone, gate and up as one"] = (lambda p, r: grouped_swiglu(p, r, True),
+                                                                     experts, rows)
+    out = []
+    for name, (loss, params, inputs) in cases.items():
         step = jit(value_and_grad(loss), backend="inductor")
 
-        def run(step=step, params=params):
-            value, _ = step(params, x)
+        def run(step=step, params=params, inputs=inputs):
+            value, _ = step(params, inputs)
             sync(device)
             return value
 

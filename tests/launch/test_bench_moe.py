@@ -29,3 +29,21 @@ def test_grouped_activations_grow_with_the_routed_pairs_and_padded_ones_with_the
     padded = [bench_moe.layer_activation_bytes(c, 512, "padded") for c in (full, fewer)]
     assert grouped[1] <= grouped[0] < 1.05 * grouped[1], grouped
     assert padded[0] > 3 * padded[1] and padded[1] > 3 * grouped[1], padded
+
+
+def test_layer_variants_run_and_fusing_gate_and_up_computes_the_same():
+    """Every one-layer variant runs compiled; where the grouped kernel runs (float32 traces from torch 2.15),
+    the grouped matmuls with gate and up as one matmul give the separate ones' loss (the fused design is
+    timed as the same computation)."""
+    import torch
+
+    from ember.core.compat.grouped_mm import grouped_mm_runs
+
+    cfg = get_config("qwen3_moe", "tiny")
+    values = {v.name: v.step() for v in bench_moe.layer_variants(cfg, 64, torch.device("cpu"))}
+    assert all(torch.isfinite(v) for v in values.values()), values
+    kernel_runs = grouped_mm_runs(torch.float32, "cpu", cfg.d_model, cfg.moe_ffn_dim)
+    assert len(values) == (4 if kernel_runs else 2), list(values)
+    if kernel_runs:
+        separate, fused = (values[f"layer: grouped matmuls alone{s}"] for s in ("", ", gate and up as one"))
+        torch.testing.assert_close(fused, separate, rtol=1e-5, atol=0)
