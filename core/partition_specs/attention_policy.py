@@ -5,11 +5,13 @@ Public names: `explicit_attention_required`.
 Under DTensor sharding (an active `use_sharding` with the dtensor backend) the fused
 `scaled_dot_product_attention` kernel runs on each shard (heads split under tensor parallelism, the
 batch under data parallelism; ember adds the CPU kernel's sharding rule in `ember.core.compat`).
-DTensor cannot place a mask given to the fused kernel, so a masked call (segment ids, padding)
-computes `softmax(q k^T) v` explicitly there too. The explicit matmuls flatten (B, H) into one
-dimension, which DTensor allows only while the heads are whole, so masks and attention dropout
-under a layout that splits heads raise. Models ask `explicit_attention_required` and stay free of
-backend checks; torch_xla and unsharded runs always get False.
+DTensor cannot place a mask given to the fused kernel, so a masked call (segment ids, padding, a
+window) runs the kernel on each process's local tensors (`ember.models.layers.attention`). Where the
+DTensors are not seen (inside a `torch.func` transform, whose wrappers `isinstance` does not see
+through) and for attention dropout, `softmax(q k^T) v` is computed explicitly; its matmuls flatten
+(B, H) into one dimension, which DTensor allows only while the heads are whole, so there a split of
+the heads raises. Models ask `explicit_attention_required` and stay free of backend checks; torch_xla
+and unsharded runs always get False.
 
 Example:
     >>> explicit_attention_required(dropout=False, masked=True)  # no active sharding

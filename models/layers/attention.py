@@ -11,8 +11,10 @@ attention), then calls `dot_product_attention`, which picks how to compute `soft
       to their last query only, so the masked kernel skips the upper triangle as `is_causal` does;
     - explicitly (scores, softmax in float32, keyed dropout, @ v) when attention-probability dropout
       is on: the fused kernel's dropout draws from the global RNG, which ember never uses;
-    - explicitly too when the active sharding needs it (`explicit_attention_required`: DTensor with
-      a mask; it raises when a mask or dropout meets split heads);
+    - on each process's shard when DTensor queries split by batch or heads meet a mask (DTensor places
+      no mask given to the fused kernel): the same kernel on the local tensors, the mask laid out to match;
+    - explicitly when the active sharding needs it and the DTensors are not seen (inside a `torch.func`
+      transform: `explicit_attention_required`; it raises when a mask or dropout meets split heads);
     - across processes when the active layout splits the sequence (context parallelism, the rule
       `("sequence", "cp")`): each process's queries against every key (`ember.core.context_attention`),
       the fused kernel on local tensors with the mask built there.
@@ -147,15 +149,48 @@ def dot_product_attention(
     mask = attention_mask(T, causal=causal, segment_ids=segment_ids, padding_mask=padding_mask, window=window,
                           device=q.device)
     explicit = dropout > 0.0 and key is not None
+    if not explicit and mask is not None:
+        on_shards = _fused_on_shards(q, k, v, mask, causal=causal, scale=scale)
+        if on_shards is not None:
+            return on_shards
     if explicit_attention_required(dropout=explicit, masked=mask is not None):
         explicit = True
     if explicit:
         return _explicit_attention(q, k, v, mask, causal=causal, dropout=dropout, key=key if dropout > 0.0 else None,
                                    scale=scale)
-    if mask is not None and causal and T >= 2 * QUERY_CHUNK:
+    return _fused(q, k, v, mask, causal=causal, scale=scale)
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], *, causal: bool,
+           scale: Optional[float]) -> Tensor:
+    """The fused kernel, `is_causal` without a mask, in query chunks with a mask over a causal sequence."""
+    if mask is not None and causal and q.shape[2] >= 2 * QUERY_CHUNK:
         return _causal_query_chunks(q, k, v, mask, scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                                           scale=scale)  # (B, H, T, D)
+
+
+def _fused_on_shards(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, causal: bool,
+                     scale: Optional[float]) -> Optional[Tensor]:
+    """The fused kernel with a mask on each process's shard of DTensor queries, keys and values split by
+    batch or heads (DTensor places no mask given to the kernel); the mask is laid out as the shard reads it
+    (by batch where it has one, else whole). None where they are not DTensors seen here (inside a
+    `torch.func` transform) or are split otherwise."""
+    if type(q) is Tensor:
+        return None
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not all(isinstance(t, DTensor) for t in (q, k, v)) or not q.placements == k.placements == v.placements:
+        return None
+    if any(p not in (Replicate(), Shard(0), Shard(1)) for p in q.placements):
+        return None
+    if isinstance(mask, DTensor):
+        by_batch = [Shard(0) if p == Shard(0) and mask.shape[0] > 1 else Replicate() for p in q.placements]
+        mask = mask.redistribute(q.device_mesh, by_batch).to_local()
+    elif mask.shape[0] > 1 and Shard(0) in q.placements:
+        return None
+    out = _fused(q.to_local(), k.to_local(), v.to_local(), mask, causal=causal, scale=scale)  # (B', H', T, Dv)
+    return DTensor.from_local(out, q.device_mesh, q.placements, run_check=False)
 
 
 def _query_heads_per_kv_head(q: Tensor, k: Tensor, v: Tensor) -> int:

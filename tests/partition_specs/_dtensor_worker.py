@@ -7,8 +7,8 @@ state and batches (`setup`), shards them with `Sharding(mesh, for_mesh(mesh.name
 `--steps` steps inside `use_sharding` and records the loss trajectory, the local shard shape of
 every parameter and of its Adam `mu`, whether every state leaf kept its placements, the gathered
 final parameters, and (eager runs) the collectives of one block's forward and backward
-(`block_collectives`, also used by `_dtensor_comm.py`) and a forward with packed-document
-`segment_ids` (`masked_forward`). Rank 0 writes `DIR/results.json` and
+(`block_collectives`, also used by `_dtensor_comm.py`) and the loss and gradients under masked
+attention: packed documents, a sliding window (`masked_grads`). Rank 0 writes `DIR/results.json` and
 `DIR/<mesh>.pt`; an exception on a mesh is recorded as that mesh's `error` and the next mesh
 still runs.
 """
@@ -91,20 +91,33 @@ def block_collectives(model, params, sharding) -> dict:
     return {"forward": comm_counts(fwd), "backward": comm_counts(bwd)}
 
 
-def masked_forward(model, params, batch, sharding) -> Any:
-    """Max |logits - unsharded logits| of a forward with `segment_ids` (explicit attention), or the error."""
+def masked_grads(params, batch, sharding) -> Any:
+    """Max |difference| from one device of the loss and of every gradient under a masked attention, or the
+    error: a batch packing two documents a row (`segment_ids`: a mask laid out as the batch), and a sliding
+    window (a mask of one row for the whole batch). On DTensor the fused kernel runs on each process's shard."""
+    from ember.core import value_and_grad
     from ember.core.partition_specs import shard, shard_batch, use_sharding
+    from ember.core.pytree import tree_leaves
+    from ember.models import build_model, lm_loss
 
     segment_ids = (torch.arange(SEQ) >= SEQ // 2).long().expand(BATCH, SEQ)  # two packed documents per row
-    want = model.apply(params, batch["inputs"], segment_ids=segment_ids)
-    sharded = shard(params, sharding, axes=model.axes)
-    inputs = shard_batch({"inputs": batch["inputs"], "segment_ids": segment_ids}, sharding)
-    try:
-        with use_sharding(sharding):
-            got = model.apply(sharded, inputs["inputs"], segment_ids=inputs["segment_ids"])
-    except NotImplementedError as err:
-        return str(err)
-    return float((sharding.lowering.gather(got) - want).abs().max())
+    cases = {"packed": (build_model("llama3", "tiny", **LLAMA), {**batch, "segment_ids": segment_ids}),
+             "window": (build_model("llama3", "tiny", **LLAMA, sliding_window=SEQ // 4), batch)}
+    out = {}
+    for name, (model, inputs) in cases.items():
+        loss_fn = lm_loss(model)
+        grad_fn = value_and_grad(lambda p, b, loss_fn=loss_fn: loss_fn(p, b, key=None).mean())
+        want_loss, want = grad_fn(params, inputs)
+        try:
+            with use_sharding(sharding):
+                loss, grads = grad_fn(shard(params, sharding, axes=model.axes), shard_batch(inputs, sharding))
+        except NotImplementedError as err:
+            out[name] = str(err)
+            continue
+        low = sharding.lowering
+        diffs = [(low.gather(g) - w).abs().max() for g, w in zip(tree_leaves(grads), tree_leaves(want))]
+        out[name] = {"loss": float((low.gather(loss) - want_loss).abs()), "grads": float(max(diffs))}
+    return out
 
 
 def mesh_file(text: str) -> str:
@@ -127,7 +140,7 @@ def _run_mesh(text: str, world: int, steps: int, compiled: bool, out: str) -> di
     sharding = Sharding(mesh, for_mesh(mesh.names))
     low = sharding.lowering
     comm = None if compiled else block_collectives(model, state.params, sharding)
-    masked = None if compiled else masked_forward(model, state.params, batches[0], sharding)
+    masked = None if compiled else masked_grads(state.params, batches[0], sharding)
     state = shard(state, sharding, axes=model.axes)
     before = {p: tuple(x.placements) for p, x in tree_leaves_with_path(state)}
     step = train_step(lm_loss(model), tx)
@@ -157,7 +170,7 @@ def _run_mesh(text: str, world: int, steps: int, compiled: bool, out: str) -> di
         "batch_local": list(batch_local),
         "compile_count": getattr(step, "compile_count", 0),
         "block_collectives": comm,
-        "masked_forward": masked,
+        "masked_grads": masked,
     }
 
 

@@ -25,8 +25,8 @@ LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=4, ffn
 MOE = dict(LLAMA, attn_head_dim=8, n_experts=4, experts_per_token=2, moe_ffn_dim=16, first_dense_layers=2,
            router_aux_loss_coef=0.1, router_z_loss_coef=0.01)  # losses large enough that a mis-summed statistic shows
 """Qwen3-MoE, a mixed stack: two dense blocks, then two of 4 experts (one run each, pipelined in turn)."""
-MODELS = {"llama": ("llama3", LLAMA, True), "moe": ("qwen3_moe", MOE, True), "llama unpacked": ("llama3", LLAMA, False)}
-"""name: (family, config, two documents a row); DTensor's tp takes no attention mask (the heads split)."""
+MODELS = {"llama": ("llama3", LLAMA), "moe": ("qwen3_moe", MOE)}
+"""name: (family, config); every batch row packs two documents."""
 BATCH, SEQ, STEPS, LR = 8, 16, 3, 0.5
 CASES = {  # name: (mesh, microbatches, compiled, model, repeats)
     2: {"eager": ("pp=2", 4, False, "llama", 1), "compiled": ("pp=2", 4, True, "llama", 1),
@@ -35,8 +35,7 @@ CASES = {  # name: (mesh, microbatches, compiled, model, repeats)
     4: {"pp=2,fsdp=2": ("pp=2,fsdp=2", 2, False, "llama", 1), "pp=2,dp=2 compiled": ("pp=2,dp=2", 2, True, "llama", 1),
         "pp=2,fsdp=2, 2 repeats": ("pp=2,fsdp=2", 2, False, "llama", 2),
         "moe pp=2,ep=2": ("pp=2,ep=2", 2, False, "moe", 1), "moe pp=2,ep=2 compiled": ("pp=2,ep=2", 2, True, "moe", 1),
-        "pp=2,tp=2": ("pp=2,tp=2", 2, False, "llama unpacked", 1),
-        "pp=2,tp=2 compiled": ("pp=2,tp=2", 2, True, "llama unpacked", 1),
+        "pp=2,tp=2": ("pp=2,tp=2", 2, False, "llama", 1), "pp=2,tp=2 compiled": ("pp=2,tp=2", 2, True, "llama", 1),
         "pp=2,cp=2": ("pp=2,cp=2", 2, False, "llama", 1), "pp=2,cp=2 compiled": ("pp=2,cp=2", 2, True, "llama", 1)},
 }
 
@@ -47,15 +46,14 @@ def setup(model_name: str = "llama"):
     from ember.core import TrainState, random
     from ember.models import build_model, lm_loss
 
-    family, config, packed = MODELS[model_name]
+    family, config = MODELS[model_name]
     model = build_model(family, "tiny", **config)
     tx = optim.sgd(LR)
     state = TrainState.create(params=model.init(random.key(0)), tx=tx, key=random.key(1))
     tokens = random.randint(random.key(2), (STEPS, BATCH, SEQ + 1), 0, LLAMA["vocab_size"])
     segment_ids = torch.ones(BATCH, SEQ, dtype=torch.int64)
     segment_ids[:, SEQ // 2:] = 2  # two packed documents a row: the mask travels with its microbatch
-    batches = [{"inputs": t[:, :-1], "targets": t[:, 1:], **({"segment_ids": segment_ids} if packed else {})}
-               for t in tokens]
+    batches = [{"inputs": t[:, :-1], "targets": t[:, 1:], "segment_ids": segment_ids} for t in tokens]
     return model, tx, state, batches, lm_loss(model)
 
 
