@@ -91,22 +91,33 @@ def block_collectives(model, params, sharding) -> dict:
     return {"forward": comm_counts(fwd), "backward": comm_counts(bwd)}
 
 
+def _func_value_and_grad(fn):
+    """`(value, grads)` by torch.func's own transform, inside which the DTensors are hidden from `isinstance`."""
+    def run(*args):
+        grads, value = torch.func.grad_and_value(fn)(*args)
+        return value, grads
+    return run
+
+
 def masked_grads(params, batch, sharding) -> Any:
     """Max |difference| from one device of the loss and of every gradient under a masked attention, or the
     error: a batch packing two documents a row (`segment_ids`: a mask laid out as the batch), and a sliding
-    window (a mask of one row for the whole batch). On DTensor the fused kernel runs on each process's shard."""
+    window (a mask of one row for the whole batch). On DTensor the fused kernel runs on each process's shard;
+    under a user's `torch.func.grad`, explicitly (an error where the heads are split)."""
     from ember.core import value_and_grad
     from ember.core.partition_specs import shard, shard_batch, use_sharding
     from ember.core.pytree import tree_leaves
     from ember.models import build_model, lm_loss
 
     segment_ids = (torch.arange(SEQ) >= SEQ // 2).long().expand(BATCH, SEQ)  # two packed documents per row
-    cases = {"packed": (build_model("llama3", "tiny", **LLAMA), {**batch, "segment_ids": segment_ids}),
-             "window": (build_model("llama3", "tiny", **LLAMA, sliding_window=SEQ // 4), batch)}
+    llama, packed = build_model("llama3", "tiny", **LLAMA), {**batch, "segment_ids": segment_ids}
+    cases = {"packed": (llama, packed, value_and_grad),
+             "window": (build_model("llama3", "tiny", **LLAMA, sliding_window=SEQ // 4), batch, value_and_grad),
+             "packed, torch.func.grad": (llama, packed, _func_value_and_grad)}
     out = {}
-    for name, (model, inputs) in cases.items():
+    for name, (model, inputs, transform) in cases.items():
         loss_fn = lm_loss(model)
-        grad_fn = value_and_grad(lambda p, b, loss_fn=loss_fn: loss_fn(p, b, key=None).mean())
+        grad_fn = transform(lambda p, b, loss_fn=loss_fn: loss_fn(p, b, key=None).mean())
         want_loss, want = grad_fn(params, inputs)
         try:
             with use_sharding(sharding):

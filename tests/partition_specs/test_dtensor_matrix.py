@@ -167,6 +167,15 @@ def test_masked_attention_gives_one_devices_loss_and_gradients(runs, mesh, case)
     assert isinstance(got, dict) and got["loss"] < 1e-5 and got["grads"] < 1e-5, got
 
 
+@pytest.mark.parametrize("mesh", ALL_MESHES)
+def test_masked_attention_under_torch_func_grad_runs_explicitly_unless_heads_are_split(runs, mesh):
+    got = _ok(runs, mesh)["masked_grads"]["packed, torch.func.grad"]
+    if "tp" in mesh:  # the explicit path cannot flatten (B, H) with H split: a clear error
+        assert isinstance(got, str) and "needs the heads dimension whole" in got and "'tp'" in got, got
+    else:
+        assert isinstance(got, dict) and got["loss"] < 1e-5 and got["grads"] < 1e-5, got
+
+
 @pytest.mark.slow  # 2 gloo ranks compiling the whole step with Inductor: about 55 s on 2 cores
 def test_compiled_dp_step_matches_one_device(tmp_path, reference):
     res = _launch(tmp_path, 2, ["dp=2"], "--compile", "--steps", "3", timeout=400)["dp=2"]
