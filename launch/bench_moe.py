@@ -28,6 +28,7 @@ from ember.core.jit import jit
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import MESH_ORDER, memory_per_device, sharding_table
 from ember.core.step_fns import train_step
+from ember.core.tree_math import tree_cast
 from ember.launch.benchmark import time_round_robin, update_markdown
 from ember.launch.benchmark.setup import Variant, sync
 from ember.launch.benchmark.timing import matmul_peak, percentile
@@ -71,9 +72,10 @@ def variants(run_cfg, device, dtype) -> list:
     return out
 
 
-def layer_variants(cfg, tokens: int, device) -> list:
+def layer_variants(cfg, tokens: int, device, dtype=torch.float32) -> list:
     """One MoE layer of `cfg` (the default dropless) and the SwiGLU of the same active width, forward and
-    backward of a squared-output loss on `tokens` tokens, each compiled by `jit(backend="inductor")`; and the
+    backward of a squared-output loss on `tokens` tokens in `dtype` (parameters and inputs cast as under
+    `compute_dtype`), each compiled by `jit(backend="inductor")`; and the
     layer's three grouped matmuls alone, on rows already sorted by its router (what the kernel costs without
     routing), also with gate and up as one grouped matmul of twice the width (a design measured, not used)."""
     from ember.core import value_and_grad
@@ -81,8 +83,8 @@ def layer_variants(cfg, tokens: int, device) -> list:
 
     dense = SwiGLU(cfg.d_model, cfg.experts_per_token * cfg.moe_ffn_dim)
     moe = build_model("qwen3_moe", cfg).experts(inits.normal(0.02))
-    x = random.normal(random.key(2), (1, tokens, cfg.d_model)).to(device)
-    moe_params = to_device(moe.init(random.key(0)), device)
+    x = random.normal(random.key(2), (1, tokens, cfg.d_model)).to(device, dtype)
+    moe_params = tree_cast(to_device(moe.init(random.key(0)), device), dtype)
     with torch.no_grad():
         routing = moe.call("router", moe_params, x[0])
         pairs = sort_pairs(routing.indices, cfg.n_experts, align=grouped_mm_row_alignment(x.dtype, device.type))
@@ -104,7 +106,8 @@ def layer_variants(cfg, tokens: int, device) -> list:
         out = grouped_mm(torch.nn.functional.silu(gate) * up, params["down"].mT, pairs.ends)
         return torch.where(used, out, 0.0).square().mean()  # rows past the last group's end hold no value
 
-    cases = {"layer: dense SwiGLU (same active)": (layer_loss(dense), to_device(dense.init(random.key(0)), device), x),
+    dense_params = tree_cast(to_device(dense.init(random.key(0)), device), dtype)
+    cases = {"layer: dense SwiGLU (same active)": (layer_loss(dense), dense_params, x),
              "layer: moe dropless": (layer_loss(moe), moe_params, x)}
     if grouped_mm_runs(x.dtype, device.type, cfg.d_model, cfg.moe_ffn_dim):
         cases["layer: grouped matmuls alone"] = (lambda p, r: grouped_swiglu(p, r, False), experts, rows)
@@ -171,7 +174,7 @@ def main(argv=None) -> int:
     run_cfg, dtype = parse_cli(args.config, overrides), getattr(torch, args.dtype)
     vs = variants(run_cfg, device, dtype)
     timed = time_round_robin(vs, warmup=args.warmup, iters=args.iters)
-    layer_vs = layer_variants(run_cfg.model, run_cfg.data.batch_size * run_cfg.data.seq_len, device)
+    layer_vs = layer_variants(run_cfg.model, run_cfg.data.batch_size * run_cfg.data.seq_len, device, dtype)
     layer_timed = time_round_robin(layer_vs, warmup=args.warmup, iters=args.iters)
     tokens = run_cfg.data.batch_size * run_cfg.data.seq_len
     dense_s = percentile(timed[vs[0].name]["times"], 0.5)
@@ -188,7 +191,7 @@ def main(argv=None) -> int:
         mfu = f" {flops_per_token * tokens / s / peak['flops']:.1%} |" if peak else ""
         lines.append(f"| {v.name} | {v.notes} | {s * 1e3:.1f} | {tokens / s:,.0f} | {dense_s / s:.2f}x |{mfu}")
     dense_layer_s = percentile(layer_timed[layer_vs[0].name]["times"], 0.5)
-    lines += ["", "| one layer, forward and backward (float32) | ms | vs dense |", "|---|---|---|"]
+    lines += ["", f"| one layer, forward and backward ({args.dtype}) | ms | vs dense |", "|---|---|---|"]
     for v in layer_vs:
         s = percentile(layer_timed[v.name]["times"], 0.5)
         lines.append(f"| {v.name.split(': ')[1]} | {s * 1e3:.1f} | {dense_layer_s / s:.2f}x |")
