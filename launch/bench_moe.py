@@ -36,7 +36,7 @@ from ember.launch.run_config import parse_cli
 from ember.models import build_model, count_active_params, count_params, get_config, lm_loss
 from ember.models.layers import initializers as inits
 from ember.models.layers.moe import DROPLESS
-from ember.models.layers.moe_grouped import sort_pairs
+from ember.models.layers.moe_grouped import grouped_swiglu, sort_pairs
 
 LAYER_TOKENS = 4096
 DISPATCH = {"dropless grouped": (None, "grouped"), "dropless padded": (None, "padded"),
@@ -98,20 +98,20 @@ def layer_variants(cfg, tokens: int, device, dtype=torch.float32) -> list:
             return (y[0] if isinstance(y, tuple) else y).square().mean()
         return loss
 
-    def grouped_swiglu(params, rows, fused):
-        if fused:
+    def matmuls_loss(params, rows, fused):
+        if fused:  # gate and up as one grouped matmul of twice the width
             gate, up = grouped_mm(rows, torch.cat([params["gate"], params["up"]], 1).mT, pairs.ends).chunk(2, -1)
-        else:
-            gate, up = (grouped_mm(rows, params[n].mT, pairs.ends) for n in ("gate", "up"))
-        out = grouped_mm(torch.nn.functional.silu(gate) * up, params["down"].mT, pairs.ends)
+            out = grouped_mm(torch.nn.functional.silu(gate) * up, params["down"].mT, pairs.ends)
+        else:  # the layer's own
+            out = grouped_swiglu(params, rows, pairs.ends)
         return torch.where(used, out, 0.0).square().mean()  # rows past the last group's end hold no value
 
     dense_params = tree_cast(to_device(dense.init(random.key(0)), device), dtype)
     cases = {"layer: dense SwiGLU (same active)": (layer_loss(dense), dense_params, x),
              "layer: moe dropless": (layer_loss(moe), moe_params, x)}
     if grouped_mm_runs(x.dtype, device.type, cfg.d_model, cfg.moe_ffn_dim):
-        cases["layer: grouped matmuls alone"] = (lambda p, r: grouped_swiglu(p, r, False), experts, rows)
-        cases["layer: grouped matmuls alone, gate and up as one"] = (lambda p, r: grouped_swiglu(p, r, True),
+        cases["layer: grouped matmuls alone"] = (lambda p, r: matmuls_loss(p, r, False), experts, rows)
+        cases["layer: grouped matmuls alone, gate and up as one"] = (lambda p, r: matmuls_loss(p, r, True),
                                                                      experts, rows)
     out = []
     for name, (loss, params, inputs) in cases.items():

@@ -1,7 +1,7 @@
 """Dropless experts as sorted pairs and a grouped GEMM: tokens -> rows sorted by expert -> tokens.
 
-Public names: `SortedPairs`, `sort_pairs`, `grouped_experts`, `grouped_experts_on_shards`, `grouped_slots`,
-`grouped_slots_on_shards`.
+Public names: `SortedPairs`, `sort_pairs`, `grouped_experts`, `grouped_swiglu`, `grouped_experts_on_shards`,
+`grouped_slots`, `grouped_slots_on_shards`.
 
 Every (token, choice) pair becomes one row; a stable sort orders the rows by expert, and each expert's
 rows are padded to `align` rows (the kernel's alignment: 1 on the CPU). The experts then run as three
@@ -39,7 +39,7 @@ from ...core.remat_policies import checkpoint_name
 from ...core.types import Params
 
 __all__ = ["SortedPairs", "grouped_experts", "grouped_experts_on_shards", "grouped_slots", "grouped_slots_on_shards",
-           "sort_pairs"]
+           "grouped_swiglu", "sort_pairs"]
 
 
 class SortedPairs(NamedTuple):
@@ -102,12 +102,18 @@ def grouped_experts(params: Params, x: Tensor, pairs: SortedPairs, weights: Tens
     N, d = x.shape
     zero_row = x.new_zeros(1, d)
     rows = torch.cat([x, zero_row])[pairs.source]  # (R, d)
-    gate = grouped_mm(rows, params["gate"].transpose(-2, -1), pairs.ends)  # (R, I)
-    up = grouped_mm(rows, params["up"].transpose(-2, -1), pairs.ends)
-    h = checkpoint_name(F.silu(gate) * up, "mlp_hidden")
-    out = grouped_mm(h, params["down"].transpose(-2, -1), pairs.ends)  # (R, d); rows past ends[-1] undefined
+    out = grouped_swiglu(params, rows, pairs.ends)  # (R, d); rows past ends[-1] undefined
     per_pair = torch.cat([out, zero_row.to(out.dtype)])[pairs.row]  # (N, k, d); padding reads the zero row
     return (per_pair * weights.unsqueeze(-1).to(per_pair.dtype)).sum(1)
+
+
+def grouped_swiglu(params: Params, rows: Tensor, ends: Tensor) -> Tensor:
+    """Each expert's SwiGLU on its rows: three grouped matmuls over `rows` (R, d) sorted by expert, `ends` (E,)
+    the row after each expert's last. Returns (R, d); the rows from `ends[-1]` on hold no defined value."""
+    gate = grouped_mm(rows, params["gate"].transpose(-2, -1), ends)  # (R, I)
+    up = grouped_mm(rows, params["up"].transpose(-2, -1), ends)
+    h = checkpoint_name(F.silu(gate) * up, "mlp_hidden")
+    return grouped_mm(h, params["down"].transpose(-2, -1), ends)
 
 
 def grouped_slots(params: Params, buffer: Tensor, counts: Tensor, align: int = 1) -> Tensor:
