@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from typing import Any, Callable, Iterable, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Iterable, List, Optional, Tuple, TypeVar, Union
 
 import torch
 
@@ -169,8 +169,23 @@ def _key_to_str(k: Any) -> str:
     return str(k)
 
 
-def keystr(path: Tuple[Any, ...]) -> str:
-    """Render a key path as a dotted string: `("blocks", 3, "attn", "wq") -> "blocks.3.attn.wq"`."""
+def keystr(path: Union[str, Tuple[Any, ...]]) -> str:
+    """Render a key path as a dotted string: `("blocks", 3, "attn", "wq") -> "blocks.3.attn.wq"`.
+
+    `path` is a key tuple (what `tree_flatten_with_path` yields) or a dotted string (what
+    `tree_map_with_path` and `tree_leaves_with_path` pass), which comes back as it is: JAX's habit
+    `keystr(path)` gives the same dotted path for either.
+
+    Example:
+        >>> tree = {"ln": {"scale": 1.0}}
+        >>> [keystr(p) for p, _ in tree_flatten_with_path(tree)[0]], [keystr(p) for p, _ in tree_leaves_with_path(tree)]
+        (['ln.scale'], ['ln.scale'])
+    """
+    if isinstance(path, str):
+        return path
+    if not isinstance(path, (tuple, list)):
+        raise TypeError(f"keystr expects a key path (a tuple of keys from tree_flatten_with_path) or a dotted path "
+                        f"string, got {type(path).__name__} {path!r}.")
     return ".".join(_key_to_str(k) for k in path)
 
 

@@ -166,4 +166,6 @@ def __getattr__(name: str):
         raise AttributeError(
             f"ember.optim.{name} was removed: train_step moves the routers' expert biases by their load itself "
             f"(at the model's expert_bias_update_rate), whatever the optimizer; pass the optimizer unwrapped.")
-    raise AttributeError(f"module 'ember.optim' has no attribute {name!r}")
+    from ._optax_names import missing_name_message  # optax's names ember lacks: what it has instead
+
+    raise AttributeError(missing_name_message(name, __all__))
