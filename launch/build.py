@@ -15,7 +15,7 @@ import torch
 from ember import data, models, optim
 from ember.core import TrainState, device_for, random, to_device
 from ember.core.step_fns import eval_step, train_step
-from ember.launch.checkpointing import already_finished
+from ember.launch.checkpointing import already_finished, check_resume_model
 from ember.launch.init_from import check_init_from, load_initial_params
 from ember.launch.loop import evaluate
 from ember.launch.precision import resolve_compute_dtype
@@ -45,10 +45,11 @@ def check_backend(cfg: TrainConfig) -> None:
 def preflight(cfg: TrainConfig, args: Any, *, main: bool) -> bool:
     """Whether to train, after the checks that read saved runs: made once the process group is up
     (orbax then starts jax as one of the ranks) and before the run directory is touched. An
-    `--init_from` of another model raises; a `--resume` of a run that already reached `--steps` is
+    `--init_from` or a `--resume` of another model raises; a `--resume` of a run that already reached `--steps` is
     no mistake: its notice is printed (on the `main` rank) and nothing changes."""
     if cfg.init_from:
         check_init_from(cfg.init_from, cfg.family, cfg.model, config_name=args.config)
+    check_resume_model(cfg, resume=args.resume, step=args.resume_step, config_name=args.config)
     notice = already_finished(cfg, resume=args.resume, step=args.resume_step)
     if notice and main:
         print(notice)

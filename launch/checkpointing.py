@@ -6,6 +6,7 @@
     state = train_loop(..., on_step_end=checkpoint_hook(ckpt, batches, cfg=cfg, writer=writer, model_info=info))
     finish(ckpt, state, batches, cfg=cfg, writer=writer, model_info=info)   # last step, wait, close
     already_finished(cfg, resume=True)                           # a notice when --resume has nothing to train
+    check_resume_model(cfg, resume=True)                         # one line when the checkpoint holds another model
 
 Run-config fields read (`TrainConfig`):
     out               run directory; checkpoints go to `OUT/checkpoints` (none without it)
@@ -25,8 +26,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from ember.core.checkpoint import CheckpointError, CheckpointManager, model_info
 from ember.core.dataclass_json import to_dict
 
-__all__ = ["CHECKPOINTS_DIR", "already_finished", "build_manager", "check_keep_best", "checkpoint_dir", "checkpoint_hook", "finish",
-           "maybe_resume", "model_info_for", "save_if_due", "set_aside_steps_after"]
+__all__ = ["CHECKPOINTS_DIR", "already_finished", "build_manager", "check_keep_best", "check_resume_model", "checkpoint_dir",
+           "checkpoint_hook", "finish", "maybe_resume", "model_info_for", "save_if_due", "set_aside_steps_after"]
 
 CHECKPOINTS_DIR = "checkpoints"  # under the run directory
 
@@ -116,6 +117,32 @@ def already_finished(cfg: Any, *, resume: bool, step: Optional[int] = None) -> O
     return (f"{cfg.out} already reached step {start} of --steps {cfg.steps}: nothing to train, nothing changed. "
             f"Pass a larger --steps (e.g. --steps {start + cfg.steps}) to train on, or --overwrite without "
             f"--resume to start again.")
+
+
+def check_resume_model(cfg: Any, *, resume: bool, step: Optional[int] = None, config_name: Optional[str] = None) -> None:
+    """Before a `--resume` (or `--resume_step step`) touches anything: raise a `CheckpointError` of one line when
+    the checkpoint it would restore holds another model than `cfg.model`, naming each differing field and the
+    `--model.*` flags (or `--config`) that give the saved one. A damaged or model-less step is left to the
+    restore, which names what is wrong."""
+    from ember.launch.model_mismatch import FREE_FIELDS, LAYOUT_FIELDS, refusal
+
+    directory = checkpoint_dir(cfg)
+    steps = _saved_steps(directory) if directory and (resume or step is not None) else []
+    start = step if step is not None else (steps[-1] if steps else None)
+    if start is None or start not in steps:
+        return
+    try:
+        with CheckpointManager(directory, read_only=True) as manager:
+            saved = manager.read_meta(start).model or {}
+    except CheckpointError:
+        return
+    if not (saved.get("family") and saved.get("config")) or cfg.model is None:
+        return
+    message = refusal("--resume", f"checkpoint of step {start} in {directory}", saved["family"], saved["config"],
+                      cfg.family, to_dict(cfg.model), config_name, purpose="resume it",
+                      free=[f for f in FREE_FIELDS if f not in LAYOUT_FIELDS])  # the optimizer state has its layout
+    if message:
+        raise CheckpointError(message)
 
 
 def model_info_for(cfg: Any, *, arch: Optional[str] = None) -> Dict[str, Any]:

@@ -1,6 +1,6 @@
 """`--init_from PATH`: a run's first parameters from a Hugging Face folder or an ember checkpoint.
 
-Public names: `load_initial_params`, `check_init_from`, `with_saved_model`.
+Public names: `load_initial_params`, `check_init_from`, `with_saved_model`, `with_saved_tokenizer`.
 
 A Hugging Face folder (`config.json` with a `model_type`, safetensors weights) of a native family is
 read with `ember.models.from_hf`'s mapping, into the configured layer layout (`scan_layers` either
@@ -9,7 +9,9 @@ run directory or checkpoint directory gives the params of its latest step (no op
 step count: the run starts at step 0), restored into the configured model, so its `scan_layers` must
 be the checkpoint's. Either way the saved architecture is checked against the configured one first,
 and every difference is named. A run config without a model (`--config sft`) takes the saved one
-(`with_saved_model`), so one run config fine-tunes a folder of any native family.
+(`with_saved_model`), so one run config fine-tunes a folder of any native family. The run reads the
+tokenizer the weights were trained with (a Hugging Face folder's own, or the model tokenizer an ember run
+read) unless `--data.tokenizer` names another (`with_saved_tokenizer`).
 """
 
 from __future__ import annotations
@@ -17,19 +19,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
 from ember.core import random
 from ember.core.dataclass_json import to_dict
 from ember.core.types import Params
+from ember.launch.model_mismatch import refusal
 
-__all__ = ["check_init_from", "load_initial_params", "with_saved_model"]
-
-_FREE_FIELDS = ("scan_layers", "remat", "loss_chunk_size", "init_std", "max_seq_len", "dropout")
-"""Config fields that may differ from the saved model: they change neither the params nor their meaning."""
-
+__all__ = ["check_init_from", "load_initial_params", "with_saved_model", "with_saved_tokenizer"]
 
 def _hf_config(path: str) -> Optional[Dict[str, Any]]:
     """The folder's `config.json` if it is a Hugging Face model's (it names a `model_type`), else None."""
@@ -97,53 +96,31 @@ def with_saved_model(cfg: Any, path: str) -> Any:
     return dataclasses.replace(cfg, family=family, model=model, init_from=path, data=data)
 
 
-def _flag(name: str, value: Any) -> str:
-    text = str(value)
-    return f"--model.{name} {json.dumps(text) if not text or ' ' in text else text}"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+"""A Hugging Face folder holding one of these ships its own tokenizer."""
 
 
-def _differing(saved: Mapping[str, Any], configured: Mapping[str, Any]) -> List[str]:
-    """The fields both configs have whose values differ (free fields left out)."""
-    names = (saved.keys() & configured.keys()) - set(_FREE_FIELDS) - {"__type__"}
-    return sorted(n for n in names if saved[n] != configured[n])
-
-
-def _fix(family: str, saved: Mapping[str, Any], configured_family: str, configured: Mapping[str, Any],
-         config_name: Optional[str]) -> str:
-    """The command-line flags that give the saved model: `--model.*` on this run config (when it is of the
-    saved family and needs at most 3), else the registered run config of that family needing the fewest."""
-    from ember.launch.run_config import get_config, list_configs
-
-    same_model = configured_family == family and configured.get("__type__") == saved.get("__type__")
-    options = [("", configured)] if same_model else []
-    for name in list_configs():
-        cfg = get_config(name)
-        model = to_dict(cfg.model) if dataclasses.is_dataclass(cfg.model) else {}
-        if name != config_name and cfg.family == family and model.get("__type__") == saved.get("__type__"):
-            options.append((f"--config {name}", model))
-    if not options:  # `--config sft` takes its model from the weights
-        return f"pass --config sft (its model is the one saved there) or a {family} run config (`--list-configs`)"
-    few = same_model and len(_differing(saved, configured)) <= 3  # keep the run config's data and optimizer
-    head, model = options[0] if few else min(options, key=lambda option: len(_differing(saved, option[1])))
-    flags = [head] + [_flag(n, saved[n]) for n in _differing(saved, model) if not isinstance(saved[n], (dict, list))]
-    if not any(flags):
-        return "set the --model.* flags of the run that saved it"
-    return f"{'use' if head else 'set'} {' '.join(f for f in flags if f)}"
-
-
-def _refusal(path: str, where: str, family: str, saved: Mapping[str, Any], configured_family: str,
-             configured: Mapping[str, Any], config_name: Optional[str]) -> Optional[str]:
-    """One line naming what differs between the saved and the configured model and the flags to fix it."""
-    diffs = [f"{n} {saved[n]} there, {configured[n]} configured" for n in _differing(saved, configured)]
-    if family == configured_family and not diffs:
+def _saved_tokenizer(path: str) -> Optional[str]:
+    """The folder of the tokenizer the weights at `path` were trained with (None: none, or bytes / a BPE)."""
+    if _hf_config(path) is not None:
+        return path if any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES) else None
+    try:
+        return _saved_model(path)[2]
+    except (ValueError, OSError, LookupError):  # no checkpoint, a damaged one: check_init_from names it first
         return None
-    shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
-    if family != configured_family:
-        what = f"a {family} model and the run config a {configured_family} one" + (f" ({shown})" if shown else "")
-    else:
-        what = f"another {family} model than the run config: {shown}"
-    return (f"--init_from {path}: the {where} holds {what}. To start from it, "
-            f"{_fix(family, saved, configured_family, configured, config_name)}.")
+
+
+def with_saved_tokenizer(cfg: Any, *, chosen: bool) -> Any:
+    """`cfg` (a `TrainConfig`) reading the tokenizer its `--init_from` weights were trained with: a Hugging
+    Face folder's own, or the model tokenizer an ember run read. Unless the command line `chosen` one
+    (`--data.tokenizer` / `--data.tokenizer_path`): then `cfg` as it is, as asked."""
+    data = cfg.data
+    if not cfg.init_from or data.tokenizer_path is not None or (chosen and data.tokenizer != "model"):
+        return cfg
+    folder = _saved_tokenizer(cfg.init_from)
+    if folder is None:
+        return cfg
+    return dataclasses.replace(cfg, data=dataclasses.replace(data, tokenizer="model", tokenizer_path=folder))
 
 
 def check_init_from(path: str, family: str, config: Any, *, config_name: Optional[str] = None) -> None:
@@ -162,7 +139,7 @@ def check_init_from(path: str, family: str, config: Any, *, config_name: Optiona
     hf = _hf_config(path)
     if hf is not None:
         saved_family, saved = _hf_model(path, hf)
-        message = _refusal(path, "folder", saved_family, saved, family, configured or {}, config_name)
+        message = refusal(f"--init_from {path}", "folder", saved_family, saved, family, configured or {}, config_name)
         if message:
             raise ValueError(message)
         return
@@ -172,7 +149,8 @@ def check_init_from(path: str, family: str, config: Any, *, config_name: Optiona
     with CheckpointManager(checkpoint_root(path), read_only=True) as ckpt:
         info = ckpt.read_meta().model or {}
     if info.get("family") and info.get("config") and configured:
-        message = _refusal(path, "checkpoint", info["family"], info["config"], family, configured, config_name)
+        message = refusal(f"--init_from {path}", "checkpoint", info["family"], info["config"], family, configured,
+                          config_name)
         if message:
             raise CheckpointError(message)
 
