@@ -49,7 +49,8 @@ class DataConfig:
     """Path for text / bin / hf / sft sources."""
     tokenizer: Literal["bytes", "bpe", "model"] = "bytes"
     """bytes: 256 byte values (+ EOS); bpe: a byte-level BPE trained locally on the corpus; model: the
-    `tokenizer.json` and chat template of the model folder at `tokenizer_path`."""
+    `tokenizer.json` and chat template of the model folder at `tokenizer_path`. A run started from
+    weights (`--init_from`) reads the tokenizer they came with unless this is given."""
     tokenizer_path: Optional[str] = None
     """The model folder of `tokenizer=model` (usually the `--init_from` folder)."""
     vocab_size: int = 512

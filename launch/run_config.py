@@ -30,7 +30,7 @@ import importlib
 import io
 import sys
 import typing
-from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Set, Tuple
 
 from ember.core.config_checks import check_fields, non_negative_int, positive_int
 from ember.core.dataclass_json import to_dict
@@ -56,7 +56,7 @@ class TrainConfig:
     """A whole run: model, optimizer, data, loop. Every field has a default."""
 
     family: str = "llama3"
-    """Model family in the ember.models registry ("" with no model: both come from --init_from)."""
+    """Model family in the ember.models registry; "": the family and model of the --init_from weights (as --config sft)."""
     model: Any = None
     """The family's config dataclass (e.g. Llama3Config); its fields are overridable as --model.X."""
     optim: OptimConfig = OptimConfig()
@@ -93,7 +93,7 @@ class TrainConfig:
     log_every: int = 10
     """Steps between metric logs (metrics stay on device in between)."""
     eval_every: int = 100
-    """Steps between evaluations (and at the end)."""
+    """Steps between evaluations (and at the end); 0: no evaluation (the eval split is not even built)."""
     eval_batches: int = 8
     """Batches per evaluation."""
     sample_tokens: int = 200
@@ -124,6 +124,10 @@ class TrainConfig:
         if mode not in ("", "min", "max"):
             raise ValueError(f"keep_best={self.keep_best!r}: the mode after ':' must be min or max; e.g. "
                              f"--keep_best {name} (lower is better) or --keep_best {name}:max.")
+        if self.eval_every == 0:
+            raise ValueError(f"keep_best={self.keep_best!r} ranks checkpoints by an evaluation, but eval_every=0 runs "
+                             f"none; pass --eval_every N (e.g. --eval_every {max(self.checkpoint_every, 100)}), or drop "
+                             f"--keep_best.")
         if self.out is None or self.checkpoint_every < 0:
             raise ValueError(f"keep_best={self.keep_best!r} keeps a checkpoint, but checkpoints are off (out="
                              f"{self.out!r}, checkpoint_every={self.checkpoint_every}); pass --out DIR --checkpoint_every N.")
@@ -284,7 +288,7 @@ def parse_cli(name: str, args: Sequence[str], *, description: Optional[str] = No
     """
     import tyro  # imported here: only command lines need it
 
-    base = _model_of_init_from(get_config(name), args)
+    base, args = _model_of_init_from(get_config(name), args)
     concrete = _concrete_type(base)
     args = bool_words(args, _field_hints(concrete))  # `--flag False` as well as `--flag` / `--no-flag`
     check_flags(concrete, args)
@@ -292,7 +296,8 @@ def parse_cli(name: str, args: Sequence[str], *, description: Optional[str] = No
     printed = io.StringIO()  # tyro's boxed errors, turned into one line below
     try:
         with _checks_raise_past_tyro(_config_classes(concrete)), contextlib.redirect_stderr(printed):
-            return tyro.cli(concrete, default=default, args=list(args), description=description)
+            cfg = tyro.cli(concrete, default=default, args=list(args), description=description)
+        return _tokenizer_of_init_from(cfg, args)
     except _Rejected as rejected:
         raise rejected.args[0] from None
     except SystemExit as exit_:
@@ -304,21 +309,55 @@ def parse_cli(name: str, args: Sequence[str], *, description: Optional[str] = No
         sys.stderr.write(printed.getvalue())  # tyro's warnings, if any
 
 
-def _model_of_init_from(base: TrainConfig, args: Sequence[str]) -> TrainConfig:
-    """A config with neither family nor model (`--config sft`) takes both from its `--init_from` weights."""
-    if base.family or base.model is not None or {"-h", "--help"} & set(args):
-        return base
+def _saved_family_asked(args: Sequence[str]) -> Tuple[bool, List[str]]:
+    """(whether the last `--family` of `args` is "", `args` without that flag and its value)."""
+    asked, kept, i = False, [], 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        if flag == "--family":
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+            asked = value == ""
+            if asked:
+                i += 1 if eq else 2
+                continue
+        kept.append(args[i])
+        i += 1
+    return asked, kept
+
+
+def _model_of_init_from(base: TrainConfig, args: Sequence[str]) -> Tuple[TrainConfig, Sequence[str]]:
+    """A config with neither family nor model (`--config sft`), or `--family ""`, takes both from its
+    `--init_from` weights; returns it and the flags left for tyro."""
+    asked, rest = _saved_family_asked(args)
+    if {"-h", "--help"} & set(args) or not (asked or (not base.family and base.model is None)):
+        return base, args
+    args = rest
     path = base.init_from
     for i, arg in enumerate(args):  # the last one wins, as in tyro
         flag, eq, value = arg.partition("=")
         if flag.startswith("--") and flag[2:].replace("-", "_") == "init_from":
             path = value if eq else (args[i + 1] if i + 1 < len(args) else None)
     if not path:
-        raise ValueError("this run config takes its model from the weights it starts from: pass --init_from FOLDER "
-                         "(a Hugging Face model folder, or an ember run directory).")
+        what = '--family "" takes the family and model' if asked else "this run config takes its model"
+        raise ValueError(f"{what} from the weights it starts from: pass --init_from FOLDER (a Hugging Face model "
+                         f"folder, or an ember run directory).")
     from ember.launch.init_from import with_saved_model  # here: init_from reads the registered configs
 
-    return with_saved_model(base, path)
+    return with_saved_model(base, path), args
+
+
+def _named(args: Sequence[str], *fields: str) -> bool:
+    """True if `args` set one of the dotted `fields` (any spelling: `--data.tokenizer-path=x`)."""
+    return any(a.startswith("--") and a[2:].split("=", 1)[0].replace("-", "_") in fields for a in args)
+
+
+def _tokenizer_of_init_from(cfg: TrainConfig, args: Sequence[str]) -> TrainConfig:
+    """`--init_from` weights come with the tokenizer they were trained with, unless `--data.tokenizer` is given."""
+    if not cfg.init_from:
+        return cfg
+    from ember.launch.init_from import with_saved_tokenizer  # here: init_from reads the registered configs
+
+    return with_saved_tokenizer(cfg, chosen=_named(args, "data.tokenizer", "data.tokenizer_path"))
 
 
 def _value_at(cfg: Any, path: str) -> Any:
