@@ -72,16 +72,36 @@ def _messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
+_NOT_TEXT = ("{where}: not text (a NUL byte): data.source=sft reads a JSONL file of UTF-8 text, one JSON example a "
+             "line; pass --data.path FILE.jsonl (a token file: --data.source bin).")
+
+
+def _decoded(raw: bytes, where: str) -> str:
+    """One line of a JSONL file as text; a binary line or another encoding is refused naming the line."""
+    if b"\0" in raw:
+        raise ValueError(_NOT_TEXT.format(where=where))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); data.source=sft "
+                         f"reads a JSONL file of UTF-8 text: convert the file to UTF-8 "
+                         f"(e.g. iconv -f latin1 -t utf-8) or point --data.path at another.") from None
+
+
 def _read_lines(path: str) -> Iterator[Tuple[str, Dict[str, Any]]]:
     """`(file:line, example)` for each example of a JSONL file (see `read_sft_jsonl`)."""
     if not os.path.isfile(path):
         raise ValueError(f"SFT data {os.fspath(path)!r} is not a file; data.source=sft reads one JSONL file "
                          f"(--data.path FILE.jsonl).")
-    with open(os.fspath(path), encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
+    with open(os.fspath(path), "rb") as fh:
+        if b"\0" in fh.read(8192):  # a binary file: refused before a "line" of it (maybe all of it) is read
+            raise ValueError(_NOT_TEXT.format(where=f"{path} (its first 8192 bytes)"))
+        fh.seek(0)
+        for number, raw in enumerate(fh, start=1):
+            where = f"{path}:{number}"
+            line = _decoded(raw, where)
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 example = json.loads(line)
             except json.JSONDecodeError as err:
@@ -215,6 +235,21 @@ def _split(examples: List[Any], split: Optional[str]) -> List[Any]:
     return [e for i, e in enumerate(examples) if (i % EVAL_EVERY == EVAL_EVERY - 1) == (split == "eval")]
 
 
+def _check_enough_windows(path: str, split: Optional[str], examples: int, windows: int, *, seq_len: int,
+                          batch_size: int, shard_count: int) -> None:
+    """Refuse a split that packs into fewer windows than one batch, naming the split and the flags that help."""
+    if windows // shard_count >= batch_size:
+        return
+    ranks = f" on each of {shard_count} data-parallel ranks" if shard_count > 1 else ""
+    what = (f"the eval split of {path} (every {EVAL_EVERY}th example: {examples} of them)" if split == "eval" else
+            f"{'the train split of ' if split == 'train' else ''}{path} ({examples} examples)")
+    fix = ("add examples, lower --data.batch_size, or pass --eval_every 0 to train without evaluating" if split == "eval"
+           else "add examples, or lower --data.batch_size or --data.seq_len")
+    packs = f"{windows} window{'s' if windows != 1 else ''} of --data.seq_len {seq_len}"
+    raise ValueError(f"{what} packs into {packs}, fewer than a batch of {batch_size}{ranks} (--data.batch_size "
+                     f"{batch_size * shard_count}); {fix}.")
+
+
 def make_sft_pipeline(path: str, *, tokenizer: Tokenizer, seq_len: int, batch_size: int, seed: int = 0,
                       shuffle: bool = True, shard_index: int = 0, shard_count: int = 1,
                       overflow: Overflow = "truncate", repeat: bool = True,
@@ -232,6 +267,8 @@ def make_sft_pipeline(path: str, *, tokenizer: Tokenizer, seq_len: int, batch_si
             raise ValueError(f"{where}: {err}") from None
         names.append(where)
     windows = PackedWindows(pack_sft(examples, seq_len, overflow=overflow, names=names))
+    _check_enough_windows(path, split, len(examples), len(windows), seq_len=seq_len, batch_size=batch_size,
+                          shard_count=shard_count)
     dataset = window_batches(windows, batch_size=batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
                              shard_count=shard_count, repeat=repeat, context_parallel=context_parallel)
     config = {"sft": os.path.abspath(path), "split": split, "windows": len(windows), "num_tokens": windows.num_tokens,

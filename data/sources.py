@@ -45,8 +45,20 @@ def check_source_kind(source: str, path: str | os.PathLike) -> None:
     kind = source_kind(path)
     if kind != source:
         what = {"bin": "a .bin token file", "hf": "a Hugging Face dataset saved to disk", "text": "text"}
+        if source == "bin" and kind == "text" and _is_binary(path):
+            raise ValueError(f"data.source='bin' reads a token file named *.bin, but data.path={os.fspath(path)!r} "
+                             f"is a binary file with another name (the file name decides: .bin means tokens); if it "
+                             f"holds raw uint16 token ids, name it {Path(path).stem}.bin, else point --data.path at one.")
         raise ValueError(f"data.source={source!r} but data.path={os.fspath(path)!r} is {what[kind]} (the file name "
                          f"decides: .bin means tokens); pass --data.source {kind}, or a path of {what[source]}.")
+
+
+def _is_binary(path: str | os.PathLike, sniff_bytes: int = 8192) -> bool:
+    """True if `path` is a file with a NUL byte in its first `sniff_bytes` (as `TextFiles.check_text` sniffs)."""
+    if not Path(path).is_file():
+        return False
+    with open(path, "rb") as f:
+        return b"\0" in f.read(sniff_bytes)
 
 
 def load_source(

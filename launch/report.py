@@ -57,7 +57,8 @@ def report_run(cfg: TrainConfig, history: List[Dict[str, float]], *, model: Any,
     """Plot `history` to `OUT/loss.png`, print the first and last eval loss, then (if `sample`) a sample."""
     if cfg.out:
         plot_losses(history, os.path.join(cfg.out, PLOT_FILE), title=plot_title(cfg))
-    print(eval_summary(history))
+    summary = eval_summary(history)
+    print(summary if cfg.eval_every or "none" not in summary else "eval loss: none (--eval_every 0 evaluates nothing)")
     if sample and cfg.sample_tokens and not bool(tree_all_finite(params)):  # one host sync
         print("no sample: the parameters hold NaN or infinite values (the run diverged); lower --optim.learning_rate")
     elif sample and cfg.sample_tokens:

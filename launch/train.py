@@ -94,7 +94,8 @@ def train(cfg, model, sharding, args):
     eval_one = sharded.sharded(jit(build.eval_fn(cfg, model), backend=cfg.backend, **compiled), sharding,
                                returns_state=False)
     cp = sharded.context_parallel(sharding)  # > 1: every sequence in its balanced order (ember.data.ContextOrder)
-    eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device, context_parallel=cp)
+    eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device, context_parallel=cp) \
+        if cfg.eval_every else None  # --eval_every 0: no evaluation, no eval split built
     if args.resume_step is not None:  # the later steps move aside, so this run can save them again
         checkpointing.set_aside_steps_after(cfg, args.resume_step, main=main_rank)
     ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)
@@ -106,7 +107,7 @@ def train(cfg, model, sharding, args):
                                        log=print if main_rank else (lambda _: None))
     resumed = int(state.step) > 0  # then metrics.jsonl keeps its rows up to the restored step
     # The loss before any step, for reference; keep_best must name one of its metrics (checked before any file).
-    first_eval = None if resumed else checkpointing.check_keep_best(cfg, eval_fn(state))
+    first_eval = None if resumed or eval_fn is None else checkpointing.check_keep_best(cfg, eval_fn(state))
     writer = MetricsWriter(cfg.out if main_rank else None, append=resumed, up_to_step=int(state.step) if resumed else None)
     hooks = dict(cfg=cfg, writer=writer, model_info=info, sharding=sharding)
     stop = GracefulStop()  # entered last: jax.distributed (multi-process checkpoints) installs its own SIGTERM handler
