@@ -143,6 +143,10 @@ class CheckpointManager(CheckpointReader):
         import orbax.checkpoint as ocp
         from orbax.checkpoint import checkpoint_managers as policies
 
+        from ..compat.orbax_loop import drain_orbax_loops
+
+        drain_orbax_loops()  # a failed read leaves no read pending on a closed loop (its tracebacks)
+
         if isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1:
             raise ValueError(f"save_every must be an int >= 1 (steps between checkpoints), got {save_every!r}.")
         if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 1):
