@@ -5,6 +5,8 @@ Public names:
         to one JSON file.
     train_bpe: trains a byte-level BPE (GPT-2 style pre-tokenizer, every byte in the base
         alphabet, so any text encodes without unknown tokens) on an iterable of strings.
+    bytes_as_bpe: a `ByteTokenizer`'s ids as a BPE without merges, so `save` writes a `tokenizer.json`
+        that `transformers` loads (`ckpt.py export --hf` of a byte-tokenizer run).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import numpy as np
 import tokenizers as hf_tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from .tokenizers import EOS_TOKEN, as_token_ids
+from .tokenizers import EOS_TOKEN, ByteTokenizer, as_token_ids
 
-__all__ = ["BPETokenizer", "train_bpe"]
+__all__ = ["BPETokenizer", "bytes_as_bpe", "train_bpe"]
 
 
 class BPETokenizer:
@@ -178,3 +180,30 @@ def train_bpe(
     tok.train_from_iterator(iter(texts), trainer=trainer)
     eos = EOS_TOKEN if EOS_TOKEN in special_tokens else (special_tokens[0] if special_tokens else EOS_TOKEN)
     return BPETokenizer(tok, eos_token=eos)
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's printable stand-in for each byte value (what the ByteLevel pre-tokenizer emits), by value."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    moved = iter(range(256, 512))
+    return [chr(b if b in keep else next(moved)) for b in range(256)]
+
+
+def bytes_as_bpe(tokenizer: ByteTokenizer) -> BPETokenizer:
+    """`tokenizer`'s ids as a byte-level BPE without merges: byte `b` is id `b`, its special tokens keep theirs.
+
+    `save` then writes a `tokenizer.json` that `tokenizers` and `transformers` load and that encodes text
+    to the same ids (a special token's name in the text becomes its id there, its bytes here).
+
+    Example:
+        >>> tok = ByteTokenizer(eos=True)
+        >>> bpe = bytes_as_bpe(tok)
+        >>> bpe.encode("héllo").tolist() == tok.encode("héllo").tolist(), bpe.eos_id, bpe.vocab_size
+        (True, 256, 257)
+    """
+    symbols = _byte_symbols()
+    hf = hf_tokenizers.Tokenizer(models.BPE(vocab={s: b for b, s in enumerate(symbols)}, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens(sorted(tokenizer.special_tokens, key=tokenizer.special_tokens.get))
+    return BPETokenizer(hf, eos_token=EOS_TOKEN)

@@ -9,7 +9,9 @@ Nothing is replaced without `overwrite=True`: an existing `out` file, or in an `
 the export would write, is refused before anything is written (a `ValueError` naming it). A run
 trained with LoRA (`--lora.rank R`) exports merged weights with `hf`. A run that read its tokenizer
 from a Hugging Face folder (`--data.tokenizer model`, or its `--init_from` folder) takes that folder's
-tokenizer files and chat template into the `hf` folder, and its `bos_token_id` / `eos_token_id`.
+tokenizer files and chat template into the `hf` folder, and its `bos_token_id` / `eos_token_id`; a
+byte-tokenizer run gets a `tokenizer.json` of the same ids (`ember.data.bpe.bytes_as_bpe`); a BPE run
+(trained in memory, never saved) gets none, said in one line on stderr.
 """
 
 from __future__ import annotations
@@ -71,6 +73,35 @@ def _copy_tokenizer(source: Optional[str], out: str) -> List[str]:
     return copied
 
 
+_BYTES_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""What an export of a byte-tokenizer run writes for its tokenizer (`_write_byte_tokenizer`)."""
+
+
+def _tokenizer_kind(config: Optional[Mapping[str, Any]]) -> str:
+    """The run's `data.tokenizer` ("bytes", "bpe", "model"), per its saved run config."""
+    return ((config or {}).get("data") or {}).get("tokenizer") or "bytes"
+
+
+def _write_byte_tokenizer(out: str) -> dict:
+    """The byte tokenizer (256 bytes, EOS 256) as files `transformers.AutoTokenizer` loads; its config.json ids."""
+    from ember.data import ByteTokenizer
+    from ember.data.bpe import bytes_as_bpe
+
+    tokenizer = ByteTokenizer(eos=True)
+    bytes_as_bpe(tokenizer).save(os.path.join(out, "tokenizer.json"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as fh:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+                   "clean_up_tokenization_spaces": False}, fh, indent=2)
+    return {"eos_token_id": tokenizer.eos_id}
+
+
+def _no_tokenizer_note(kind: str) -> None:
+    """One line on stderr: this export has no tokenizer, and why."""
+    print(f"note: no tokenizer written: the run trained its --data.tokenizer {kind} in memory and saved none, so "
+          f"transformers' AutoTokenizer has nothing to load from this folder (the weights load as they are)",
+          file=sys.stderr)
+
+
 def _token_ids(source: Optional[str]) -> dict:
     """`bos_token_id` / `eos_token_id` of `source`'s config.json (empty when it has none)."""
     file = os.path.join(source or "", "config.json")
@@ -125,7 +156,9 @@ def export(directory: str, *, step: Optional[int] = None, out: str, hf: bool = F
             raise ValueError(f"step {meta.step} records no model config, so --hf cannot rebuild the model; "
                              f"export plain safetensors (drop --hf) instead.")
         source = _tokenizer_folder(meta.config)
+        kind = None if source else _tokenizer_kind(meta.config)  # a tokenizer ember built: bytes or a BPE
         names = _HF_FILES + tuple(n for n in TOKENIZER_FILES if source and os.path.isfile(os.path.join(source, n)))
+        names += _BYTES_FILES if kind == "bytes" else ()
         if not overwrite and os.path.isdir(out):  # every file this export would write
             _refuse_existing([os.path.join(out, n) for n in names], out)
         model = build_model(meta.model["family"], model_config_from_dict(meta.model["config"]))
@@ -133,6 +166,12 @@ def export(directory: str, *, step: Optional[int] = None, out: str, hf: bool = F
         with torch.device("meta"):
             like = adapted.param_shapes() if adapted else model.init(random.key(0))  # shapes only: no memory
         params = ckpt.restore_params(meta.step, like=like, model_info=meta.model)
-        to_hf(model, adapted.merged(params) if adapted else params, out, extra_config=_token_ids(source))
+        ids = _token_ids(source)
+        if kind == "bytes":
+            os.makedirs(out, exist_ok=True)
+            ids = _write_byte_tokenizer(out)
+        to_hf(model, adapted.merged(params) if adapted else params, out, extra_config=ids)
         _copy_tokenizer(source, out)
+        if kind not in (None, "bytes"):
+            _no_tokenizer_note(kind)
         return out
