@@ -13,7 +13,8 @@ directory removes it and says so). `export` reads only the parameters (no
 optimizer state), on the CPU, and writes files with the mode your umask gives; it replaces no file
 without `--overwrite`. `--hf` writes `config.json` + `model.safetensors` loadable by
 `transformers.AutoModelForCausalLM.from_pretrained` (any native family; a LoRA run's adapters merged in),
-plus the tokenizer files and chat template of the Hugging Face folder the run read its tokenizer from.
+plus the tokenizer files and chat template of the Hugging Face folder the run read its tokenizer from
+(a byte-tokenizer run: a `tokenizer.json` of the same ids; a BPE run, trained in memory, has none to write).
 """
 
 import argparse
