@@ -10,6 +10,10 @@ variable read at import), so anything else, a real problem included, is printed 
   extensions, which ember never does, and it came once per process (per rank under torchrun).
 - DTensor's "Found a non-scalar tensor with numel=1 and ndim!=0, we are implicitly creating a replicated
   DTensor" (twice per rank): ember's RNG key and counters are one-element tensors, replicated on purpose.
+- functorch's "There is a performance drop because we have not yet implemented the batching rule for
+  aten::_scaled_dot_product_flash_attention_for_cpu. Please file us an issue on GitHub ..." (once per rank
+  of a `pp` run, with the warning's source line): the pipeline runs its stages as one vmap, and CPU flash
+  attention has no batching rule, so functorch runs it once per stage, as the stages would run anyway.
 - TensorFlow's and XLA's C++ start-up logging in `launch/tpu_pod.py` (`TF_CPP_MIN_LOG_LEVEL`, unless the
   user set it): the GSPMD and "could not open file to read NUMA node" lines at INFO / WARNING level.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 
 __all__ = ["NOISE", "quiet_known_noise", "quiet_xla_logging"]
@@ -25,6 +30,8 @@ __all__ = ["NOISE", "quiet_known_noise", "quiet_xla_logging"]
 NOISE = (
     "No CUDA runtime is found",
     "Found a non-scalar tensor with numel=1 and ndim!=0",
+    "There is a performance drop because we have not yet implemented the batching rule for "
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
 )
 """The start of each message filtered here (tests check that a launcher's stderr holds none of them)."""
 
@@ -43,7 +50,8 @@ def quiet_known_noise() -> None:
     cpp_extension = logging.getLogger("torch.utils.cpp_extension")
     if not any(isinstance(f, _DropMessage) for f in cpp_extension.filters):
         cpp_extension.addFilter(_DropMessage(NOISE[0]))
-    warnings.filterwarnings("ignore", message=NOISE[1], category=UserWarning)
+    for start in NOISE[1:]:
+        warnings.filterwarnings("ignore", message=re.escape(start), category=UserWarning)
 
 
 def quiet_xla_logging() -> None:
