@@ -133,8 +133,15 @@ def lora_targets(params: Params, targets: Targets = ("wq", "wv")) -> List[str]:
     found = [p for p, t in leaves if _is_target(p, t.dim(), targets)]
     if not found:
         names = sorted({p.split(".")[-2] for p, t in leaves if t.dim() >= 2 and p.endswith(".weight")})
+        stacks = [(p, t) for p, t in leaves if t.dim() >= 2 and not p.endswith(".weight")
+                  and _is_target(p + ".weight", t.dim(), targets)]
+        why = ""
+        if stacks:
+            path, t = stacks[0]
+            why = (f" {path} {tuple(t.shape)} is a stacked tensor (as a mixture's experts are stored), not a "
+                   f"layer's `.weight`, and LoRA adapts only those;")
         raise ValueError(
-            f"LoRA targets {targets!r} match no weight of rank >= 2; the model's weight layers are "
+            f"LoRA targets {targets!r} match no layer's `.weight` matrix;{why} the model's adaptable layers are "
             f"named {names}. Pass some of these names, or a regex on dotted paths."
         )
     return found

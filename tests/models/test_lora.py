@@ -146,7 +146,7 @@ def test_bridged_hf_llama_with_lora():
 
 def test_errors(llama3_cfg):
     base = Llama3(llama3_cfg)
-    with pytest.raises(ValueError, match=r"targets \('q_proj',\) match no weight(.|\n)*'wq'"):
+    with pytest.raises(ValueError, match=r"targets \('q_proj',\) match no layer's `.weight` matrix(.|\n)*'wq'"):
         to_lora(base, targets=("q_proj",))
     with pytest.raises(ValueError, match=r"rank must be a positive int, got 0"):
         to_lora(base, rank=0)
