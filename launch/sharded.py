@@ -25,7 +25,7 @@ from ember.core.partition_specs import (MESH_ORDER, Sharding, for_mesh, resolve_
                                         use_sharding)
 from ember.core.context_parallel import check_dtensor_can_split_sequences, head_tail_order
 from ember.core.pipeline import PipelineSchedule
-from ember.core.pytree import tree_map
+from ember.core.pytree import tree_leaves, tree_map
 from ember.models.layers.moe import check_tensor_parallel
 
 
@@ -98,11 +98,38 @@ def check_mesh(backend: str, sharding: Union[Sharding, Mesh, None], model: Any, 
     if pp > 1 and not _has_axis(model.axes, "layers"):
         raise ValueError(f"--mesh {mesh} splits the layers into pp={pp} stages, but this model's blocks are a list, not "
                          f"one stack: pass --model.scan_layers true (or drop pp from the mesh).")
+    if pp > 1:
+        _check_layers_split(mesh, pp, model)
     resolve_tree(model.axes, for_mesh(mesh.names).params, mesh_sizes=mesh.sizes(), shapes=model.param_shapes())
     check_moe_tensor_parallel(backend, mesh, model)
     if ep > 1 and not _has_axis(model.axes, "expert"):
         say(f"note: --mesh {mesh} splits experts over ep={ep}, but this model has none: ep acts as one more "
             f"data-parallel axis here (the same as dp={ep})")
+
+
+def _stacked_layers(model: Any) -> Optional[int]:
+    """The size of the model's `layers` axis (its stacked blocks), or None without one."""
+    axes = tree_leaves(model.axes, is_leaf=lambda a: isinstance(a, tuple) and all(x is None or isinstance(x, str)
+                                                                                  for x in a))
+    for names, shape in zip(axes, tree_leaves(model.param_shapes())):
+        if "layers" in names:
+            return int(shape.shape[names.index("layers")])
+    return None
+
+
+def _check_layers_split(mesh: Mesh, pp: int, model: Any) -> None:
+    """Refuse stacked blocks that do not split evenly into `pp` stages, naming the layer counts that do."""
+    layers = _stacked_layers(model)
+    if layers is None or layers % pp == 0:
+        return
+    fits = [n for n in range(2, layers + 1) if layers % n == 0]
+    other = f", or a pp among {', '.join(map(str, fits))}" if fits else ""
+    n_layers = getattr(getattr(model, "config", None), "n_layers", None)
+    more = (f"pass --model.n_layers {layers + pp - layers % pp}" if n_layers == layers else
+            f"change the layer count (--model.n_layers) so that the {layers} stacked layers become a multiple of {pp}")
+    stacked = f"{layers} stacked layer{'s do' if layers != 1 else ' does'}"
+    raise ValueError(f"--mesh {mesh} splits the layers into pp={pp} stages, but the model's {stacked} not split into "
+                     f"{pp} equal stages: {more} (a multiple of {pp}){other}.")
 
 
 def check_moe_tensor_parallel(backend: str, sharding: Union[Sharding, Mesh, None], model: Any) -> None:

@@ -49,7 +49,8 @@ MISTAKES = {
     "pp-blocks-unstacked": (["--nproc-per-node", "2", "--mesh", "pp=2"],
                             "this model's blocks are a list, not one stack: pass --model.scan_layers true"),
     "pp-layers-uneven": (["--nproc-per-node", "2", "--mesh", "pp=2", "--model.scan_layers", "true"],
-                         r"dimension 0 \('layers'\) has size 1, which does not divide by pp=2"),
+                         r"--mesh pp=2 splits the layers into pp=2 stages, but the model's 1 stacked layer does not "
+                         r"split into 2 equal stages: pass --model.n_layers 2 \(a multiple of 2\)\. "),
     "cp-sequence-uneven": (["--nproc-per-node", "2", "--mesh", "cp=2", "--data.seq_len", "30"],
                            r"a sequence of 30 tokens does not split into 2 x cp = 4 .* multiple of 4 \(--data.seq_len\)"),
     "cuda-graph-eager": (["--cuda_graph", "True"], "--cuda_graph True captures the Inductor-compiled step, but "
