@@ -102,54 +102,6 @@ def _ratio(value, base):
     return f"{value / base:.2f}x" if base > 0 else "n/a"
 
 
-def _flag(name, value):
-    """One command-line override: booleans are flags (`--model.scan-layers` / `--model.no-scan-layers`)."""
-    if isinstance(value, bool):
-        section, _, field = name.rpartition(".")
-        flag = field.replace("_", "-") if value else "no-" + field.replace("_", "-")
-        return f"--{section}.{flag}" if section else f"--{flag}"
-    return f"--{name}={value}"
-
-
-def _run_child(spec):
-    if spec["what"] == "packed_attention":
-        from ember.launch.benchmark.scaling import packed_attention_child
-
-        return packed_attention_child(seq_len=spec["seq_len"],
-                                      flags=[_flag(k, v) for k, v in spec.get("overrides", {}).items()])
-    if spec["what"] == "torch_primitives":
-        from ember.launch.benchmark.primitives import primitives_child
-
-        return primitives_child(spec["variant"])
-    if spec["what"] == "bridged_checkpointing":
-        from ember.launch.benchmark.bridged import bridged_checkpointing_child
-
-        return bridged_checkpointing_child(spec["checkpointing"], **spec["shape"])
-    if spec["what"] == "loss_memory":
-        from ember.launch.benchmark.scaling import loss_memory_child
-
-        return loss_memory_child(spec["variant"], vocab=spec["vocab"], tokens=spec["tokens"],
-                                 d_model=spec["d_model"], chunk_size=spec["chunk_size"])
-    from ember.launch.benchmark.scaling import compile_child, scan_steady_child, step_memory_child
-    from ember.launch.run_config import parse_cli
-
-    if spec["what"] == "scan_steady":
-        return scan_steady_child({name: parse_cli(spec["config"], [_flag(k, v) for k, v in overrides.items()])
-                                  for name, overrides in spec["variants"].items()})
-    if spec["what"] == "update_steady":
-        config = parse_cli(spec["config"], [_flag(k, v) for k, v in spec["overrides"].items()])
-        return scan_steady_child({"blockwise": config, "whole": config}, whole_update=["whole"])
-
-    config = parse_cli(spec["config"], [_flag(k, v) for k, v in spec["overrides"].items()])
-    if spec["what"] == "generate":
-        from ember.launch.benchmark.scaling import generate_child
-
-        return generate_child(config, new_tokens=spec["new_tokens"])
-    if spec["what"] == "step_memory":
-        return {**step_memory_child(config), **spec["overrides"]}
-    return {**compile_child(config, backend=spec["backend"]), **spec["overrides"]}
-
-
 def _set_overrides(pairs):
     """`--set KEY=VALUE` pairs as run-config overrides ("true" / "false" become booleans)."""
     overrides = {}
@@ -358,7 +310,9 @@ def main(argv=None):
     except ValueError as err:
         p.error(str(err))
     if args.child:
-        print(TAG + json.dumps(_run_child(json.loads(args.child))), flush=True)
+        from ember.launch.benchmark.scale_child import run_child  # the measurement, in this fresh process
+
+        print(TAG + json.dumps(run_child(json.loads(args.child))), flush=True)
         return None
     import torch
 

@@ -64,7 +64,7 @@ def test_set_pairs_become_run_config_overrides_and_a_bad_one_names_the_form():
 
 
 def test_overrides_become_the_flags_the_run_config_parses():
-    from ember.launch.bench_scale import _flag
+    from ember.launch.benchmark.scale_child import flag as _flag
     from ember.launch.run_config import parse_cli
 
     flags = [_flag("model.scan_layers", True), _flag("model.n_layers", 3), _flag("microbatches", 2)]
