@@ -15,6 +15,9 @@ from ember.core.compat import orbax_loop  # noqa: E402
 
 def test_orbax_still_closes_its_loop_with_a_task_pending():
     # Fails once orbax awaits or cancels its pending tasks itself: then drop compat/orbax_loop.py.
+    if orbax_loop._orbax_asyncio_utils() is None:
+        pytest.skip("this orbax has no _run_sync_via_new_loop (before 0.12.8 it ran asyncio.run, which drains): "
+                    "the replacement steps aside")
     assert orbax_loop.orbax_leaves_pending_tasks()
 
 
