@@ -106,7 +106,8 @@ clean:
 # The device check (launch/gpu_check.sh): `make gpu-wheels` here (network) fills the git-ignored .whl/
 # with what the GPU image lacks; `make gpu-check` there (no network) installs them from .whl/ into a
 # temp dir if the imports are missing, runs every stage within GPU_CHECK_BUDGET_S and writes the
-# report to $OUT (or /tmp/ember_gpu_check). GPU_PY: the GPU image's python, not .venv's.
+# report to $OUT (or /tmp/ember_gpu_check). GPU_PY: the GPU image's python (its torch); on a machine
+# without that image, ember's own: `make gpu-check GPU_PY=.venv/bin/python`.
 GPU_PY ?= python3
 GPU_WHEELS := grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 tyro==1.0.17 docstring_parser==0.18.0 \
 	typeguard==4.6.1 beartype==0.23.1

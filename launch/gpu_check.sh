@@ -112,10 +112,19 @@ stage() {
 
 # What the GPU image lacks (grain, tyro, ...) comes from the carried .whl/, installed into $WORK/site.
 python_path() {
-  if ! $PY -c "import grain, tyro, beartype" 2>/dev/null; then
+  local missing
+  missing=$($PY -c "import importlib.util as u; print(*[m for m in ('torch', 'grain', 'tyro', 'beartype')
+    if u.find_spec(m) is None])" 2>/dev/null) || missing="torch grain tyro beartype"
+  case " $missing " in *" torch "*)  # the wheels cannot help: torch comes with the GPU image or a venv
+    echo "FATAL: $PY cannot import $missing: GPU_PY (PY for launch/gpu_check.sh) must be a python with torch," \
+      "the GPU image's, or ember's venv here: make gpu-check GPU_PY=.venv/bin/python"
+    return 1 ;;
+  esac
+  if [ -n "$missing" ]; then
     if ! ls "$REPO"/.whl/*.whl >/dev/null 2>&1; then
-      echo "FATAL: $PY cannot import grain, tyro and beartype, and .whl/ holds no wheels:" \
-        "run \`make gpu-wheels\` here first"
+      echo "FATAL: $PY cannot import $missing, and .whl/ holds no wheels: on the GPU image run" \
+        "\`make gpu-wheels\` first where there is network; elsewhere pass a python that has them:" \
+        "make gpu-check GPU_PY=.venv/bin/python"
       return 1
     fi
     if ! $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
