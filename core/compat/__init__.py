@@ -151,6 +151,12 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     Workaround("dtensor_sequence_fold", "refusal", "https://github.com/pytorch/pytorch/pull/166483",
                ("2.9", "2.9"), ("2.9", "2.13", "2.15"),
                f"{_TESTS}::test_dtensor_folds_a_split_sequence_exactly_outside_its_gate"),
+    # orbax-checkpoint 0.12.8 closes the event loop of each synchronous call with reads still in flight
+    # after one failed (tracebacks from `launch/ckpt.py list` of a damaged step, about half the runs).
+    # No upstream report of it; the nearest is the loop orbax runs those calls on, google/orbax#481.
+    # Its gate is orbax's release (0.12.8 in every venv), not torch's: on for all of ember's range.
+    Workaround("orbax_pending_reads", "patch", "https://github.com/google/orbax/issues/481",
+               _TESTED_RANGE, ("2.9", "2.15"), "tests/core/test_compat_orbax_loop.py"),
     Workaround("jax_backend_state", "access", "https://github.com/jax-ml/jax/issues/18237",
                _TESTED_RANGE, _MEASURED, "tests/core/test_checkpoint_mesh.py"),
 )}

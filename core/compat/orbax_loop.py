@@ -12,17 +12,17 @@ awaits the tasks still pending on the loop before it closes it (cancelling an as
 its tensorstore read, which would still call back into the closed loop), and cancels what is left after
 a minute.
 
-No upstream issue yet (nothing in google/orbax reports it); not yet a `WORKAROUNDS` entry for that
-reason. `EMBER_DISABLE_PATCHES=orbax_pending_reads` (or `all`) leaves orbax as it is. Where orbax has
-no such function (another release) nothing is replaced. The test that fails when orbax drains its
+`WORKAROUNDS["orbax_pending_reads"]` (no upstream report of it yet). `EMBER_DISABLE_PATCHES=orbax_pending_reads`
+(or `all`) leaves orbax as it is. Where orbax has no such function (another release) nothing is replaced. The test that fails when orbax drains its
 loops itself: `tests/core/test_compat_orbax_loop.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any, Coroutine, TypeVar
+
+from . import patch_enabled
 
 __all__ = ["NAME", "drain_orbax_loops", "orbax_leaves_pending_tasks"]
 
@@ -68,8 +68,7 @@ def _orbax_asyncio_utils() -> Any:
 def drain_orbax_loops() -> bool:
     """Replace orbax's loop runner with one that drains its pending tasks; True if it is (now) replaced."""
     utils = _orbax_asyncio_utils()
-    disabled = {n.strip() for n in os.environ.get("EMBER_DISABLE_PATCHES", "").split(",")}
-    if utils is None or disabled & {NAME, "all"}:
+    if utils is None or not patch_enabled(NAME):
         return False
     utils.__dict__.setdefault("_ember_original_run_sync", utils._run_sync_via_new_loop)
     utils._run_sync_via_new_loop = _run_sync_draining

@@ -242,13 +242,13 @@ def resolve(
                     fits = [n for n in range(1, size + 1) if size % n == 0]
                     raise ShardingRuleError(
                         f"{name}: {size} experts do not split evenly over "
-                        f"{' x '.join(f'{a}={mesh_sizes[a]}' for a in split)} = {parts} devices; expert parallelism "
+                        f"{_degree(split, mesh_sizes)} devices; expert parallelism "
                         f"gives each device the same number of experts: use a degree among {fits}, or change the "
                         f"expert count.")
                 if size % parts:
                     raise ShardingRuleError(
                         f"{name}: dimension {d} ('{axes[d]}') has size {size}, which does not divide by "
-                        f"{' x '.join(f'{a}={mesh_sizes[a]}' for a in split)} = {parts}; change the model size or the "
+                        f"{_degree(split, mesh_sizes)}; change the model size or the "
                         f"mesh, or replicate that dimension with a rule ('{axes[d]}', None) placed before the others."
                     )
     return spec
@@ -283,3 +283,14 @@ def resolve_tree(
             continue
         specs.append(resolve(ax, rules, mesh_sizes=mesh_sizes, shape=shape_of.get(dotted), name=dotted))
     return tree_unflatten(specs, treedef)
+
+
+def _degree(split: Sequence[str], mesh_sizes: Dict[str, int]) -> str:
+    """`tp=2` for one axis, `fsdp=2 x tp=2 = 4` for several."""
+    named = " x ".join(f"{a}={mesh_sizes[a]}" for a in split)
+    if len(split) < 2:
+        return named
+    parts = 1
+    for a in split:
+        parts *= mesh_sizes[a]
+    return f"{named} = {parts}"

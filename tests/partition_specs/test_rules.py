@@ -108,7 +108,7 @@ def test_unknown_mesh_axis_in_a_rule():
 
 def test_indivisible_dimension_names_parameter_and_sizes():
     with pytest.raises(ShardingRuleError, match=r"attn.wk.weight: dimension 0 \('kv_heads'\) has size 6, which does "
-                                                r"not divide by tp=4 = 4"):
+                                                r"not divide by tp=4; change"):
         resolve(("kv_heads", "embed"), [("kv_heads", "tp"), ("embed", None)], mesh_sizes={"tp": 4},
                 shape=(6, 8), name="attn.wk.weight")
     with pytest.raises(ShardingRuleError, match=r"size 6, which does not divide by dp=2 x fsdp=2 = 4"):
