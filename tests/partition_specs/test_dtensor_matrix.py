@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _dtensor_worker as W  # noqa: E402
+from _gloo_runs import run_group  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("dtensor_matrix")  # one worker runs the module: its shared fixture runs once
 
@@ -79,9 +79,9 @@ def _by_kind(counts):
     return out
 
 
-def _launch(out, world, meshes, *extra, timeout=240):
+def _launch(out, world, meshes, *extra, timeout=900):  # a cold Inductor cache: 155 s alone for world 4
     cmd = [sys.executable, W.__file__, "--world", str(world), "--meshes", ";".join(meshes), "--out", str(out), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = run_group(cmd, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(os.path.join(out, "results.json")) as f:
         return json.load(f)
@@ -178,7 +178,7 @@ def test_masked_attention_under_torch_func_grad_runs_explicitly_unless_heads_are
 
 @pytest.mark.slow  # 2 gloo ranks compiling the whole step with Inductor: about 55 s on 2 cores
 def test_compiled_dp_step_matches_one_device(tmp_path, reference):
-    res = _launch(tmp_path, 2, ["dp=2"], "--compile", "--steps", "3", timeout=400)["dp=2"]
+    res = _launch(tmp_path, 2, ["dp=2"], "--compile", "--steps", "3")["dp=2"]
     assert "error" not in res, res["error"]
     assert res["compile_count"] == 1  # step 2 and 3 reuse the graph of step 1
     assert res["placements_moved"] == []
