@@ -33,7 +33,7 @@ def run_group(cmd, timeout: int = 1200, **kwargs) -> subprocess.CompletedProcess
 
 
 def run_worlds(worker: str, worlds: Iterable[int], tmp_path_factory, name: str,
-               timeout: int = 1200) -> Dict[Tuple[int, int], dict]:
+               timeout: int = 1800) -> Dict[Tuple[int, int], dict]:
     """`{(world, rank): that rank's results}` for each world size, the worker in its own session."""
     results = {}
     for world in worlds:

@@ -32,11 +32,14 @@ CASES = {  # name: (mesh, microbatches, compiled, model, repeats)
     2: {"eager": ("pp=2", 4, False, "llama", 1), "compiled": ("pp=2", 4, True, "llama", 1),
         "eager, 2 microbatches": ("pp=2", 2, False, "llama", 1),
         "compiled, 2 repeats": ("pp=2", 4, True, "llama", 2)},
-    4: {"pp=2,fsdp=2": ("pp=2,fsdp=2", 2, False, "llama", 1), "pp=2,dp=2 compiled": ("pp=2,dp=2", 2, True, "llama", 1),
+    # Compiled at 4 processes: the two whose stages hold collectives of their own (all-to-all over ep, tp's
+    # reductions). pp=2,dp=2 and pp=2,cp=2 run eagerly here: every compiled case costs four cold compiles
+    # (this world took 955 s on 2 cores with all four compiled; CI ran past its time on it).
+    4: {"pp=2,fsdp=2": ("pp=2,fsdp=2", 2, False, "llama", 1), "pp=2,dp=2": ("pp=2,dp=2", 2, False, "llama", 1),
         "pp=2,fsdp=2, 2 repeats": ("pp=2,fsdp=2", 2, False, "llama", 2),
         "moe pp=2,ep=2": ("pp=2,ep=2", 2, False, "moe", 1), "moe pp=2,ep=2 compiled": ("pp=2,ep=2", 2, True, "moe", 1),
         "pp=2,tp=2": ("pp=2,tp=2", 2, False, "llama", 1), "pp=2,tp=2 compiled": ("pp=2,tp=2", 2, True, "llama", 1),
-        "pp=2,cp=2": ("pp=2,cp=2", 2, False, "llama", 1), "pp=2,cp=2 compiled": ("pp=2,cp=2", 2, True, "llama", 1)},
+        "pp=2,cp=2": ("pp=2,cp=2", 2, False, "llama", 1)},
 }
 
 

@@ -1,7 +1,7 @@
 """A tiny Llama with its sequence split over `cp` (DTensor, gloo): each sequence in the head-tail order of
 `ember.data.ContextOrder`, the step's gradients, SGD losses and final parameters equal one device's on the
-natural order (eagerly, compiled by ember's `jit`, with packed documents and padding, beside `fsdp` (also
-compiled, as the first thing its processes trace) and `tp`), on every process; the only all-gathers are of
+natural order (eagerly, compiled by ember's `jit` as the first thing its processes trace, with packed
+documents and padding, beside `fsdp` and `tp`), on every process; the only all-gathers are of
 the keys and values (and of the keys' positions and segment ids), and the keys' and values' gradients come
 back reduce-scattered."""
 
