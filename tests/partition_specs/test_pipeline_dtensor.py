@@ -4,8 +4,8 @@ with as few microbatches as stages, with 2 repeats (each process's block of laye
 layers of both repeats), and beside `fsdp` (the stages' layers gathered once per step) and `dp`),
 on every process; packed `segment_ids` travel with their microbatch,
 and the tied embedding (read by the first stage, the head on every process) gets its whole gradient. Beside
-`tp` (each stage's layers split by heads and features; eagerly and compiled) and `cp` (each sequence split, in
-its head-tail order; eagerly): the stages run their layers on DTensors of those axes. A
+`tp` (each stage's layers split by heads and features) and `cp` (each sequence split, in its head-tail order),
+eagerly: the stages run their layers on DTensors of those axes. A
 Qwen3-MoE of two dense blocks then two of experts (two runs, each pipelined) on `pp=2,ep=2`: the experts
 stored split over `ep`, the router statistics summed over microbatches and processes (the auxiliary loss
 and its gradient as one device's)."""
