@@ -38,7 +38,7 @@ F, D = W.LLAMA["ffn_dim"], W.LLAMA["d_model"]
 PROBE_LOCAL = {"dp=2,tp=2": [F // 2, D], "fsdp=4": [F, D // 4], "fsdp=2,tp=2": [F // 2, D // 2]}
 
 
-def _run(cmd, env=None, timeout=300):
+def _run(cmd, env=None, timeout=900):  # a hang guard: a cold Inductor cache beside another test took over 300 s
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, W.__file__, *cmd], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]

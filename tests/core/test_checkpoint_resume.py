@@ -79,7 +79,7 @@ def test_resume_in_a_new_process_with_data_workers_is_bit_identical(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(HERE / "_ckpt_train.py"), "resume", str(tmp_path / "ckpt"), str(T.TOTAL_STEPS), str(out),
          "--workers", "1"],
-        capture_output=True, text=True, env=ENV, timeout=300,
+        capture_output=True, text=True, env=ENV, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(out)

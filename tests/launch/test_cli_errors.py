@@ -48,7 +48,7 @@ def test_a_bug_is_not_dressed_as_a_user_error(monkeypatch):
 def test_train_py_as_a_user_runs_it():
     env = {k: v for k, v in os.environ.items() if k not in ("EMBER_DEBUG", "RANK")}
     proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), "--config", "llama3_tinny"],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [

@@ -39,7 +39,7 @@ def _start(argv, command=(sys.executable, TRAIN)):
     return subprocess.Popen([*command, *argv, *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
 
 
-def _signal_after(proc, out, step, signum=signal.SIGINT, timeout=240):
+def _signal_after(proc, out, step, signum=signal.SIGINT, timeout=900):
     """Send `signum` once metrics.jsonl has a row for `step`; the process's (rc, stdout, stderr)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
@@ -88,11 +88,11 @@ def test_sigint_with_checkpoints_saves_the_stopped_step_and_resume_continues_bit
 
     end = stopped + 4
     resumed = subprocess.run([sys.executable, TRAIN, *argv[2:], "--steps", str(end), "--resume", *TINY],
-                             capture_output=True, text=True, env=ENV, timeout=300)
+                             capture_output=True, text=True, env=ENV, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from step {stopped}" in resumed.stdout
     whole = subprocess.run([sys.executable, TRAIN, "--steps", str(end), "--checkpoint_every", "-1", "--out", str(ref),
-                            *TINY], capture_output=True, text=True, env=ENV, timeout=300)
+                            *TINY], capture_output=True, text=True, env=ENV, timeout=900)
     assert whole.returncode == 0, whole.stderr[-2000:]
     assert _losses(run) == _losses(ref)  # exactly, step by step: one row per step
 
@@ -123,7 +123,7 @@ def test_ctrl_c_of_the_nproc_per_node_launcher_stops_every_rank_with_a_checkpoin
                 break
             time.sleep(0.02)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        _, err = proc.communicate(timeout=240)
+        _, err = proc.communicate(timeout=900)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -141,7 +141,7 @@ def test_a_mistake_under_the_nproc_per_node_launcher_is_one_line_and_exit_2_befo
     torchrun-style failure report buries the line."""
     proc = subprocess.run([sys.executable, TRAIN, "--nproc-per-node", "3", "--config", "qwen3_moe_tiny", "--mesh",
                            "ep=3", "--out", str(tmp_path / "run"), *TINY], capture_output=True, text=True, env=ENV,
-                          timeout=300)
+                          timeout=900)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr[-3000:]  # one line
     assert proc.stderr.startswith("error: ") and "do not split evenly over ep=3" in proc.stderr
@@ -153,7 +153,7 @@ def test_two_runs_started_at_once_into_one_out_one_trains_the_other_exits_2(tmp_
     run = tmp_path / "run"
     argv = ["--steps", "30", "--out", str(run)]
     procs = [_start(argv) for _ in range(2)]
-    results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    results = [(p.wait(timeout=900), *p.communicate()) for p in procs]
     codes = sorted(rc for rc, _, _ in results)
     assert codes == [0, 2], [err[-1500:] for _, _, err in results]
     loser = next(err for rc, _, err in results if rc == 2)

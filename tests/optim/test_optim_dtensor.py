@@ -85,7 +85,7 @@ def test_optimizers_on_sharded_dtensors_match_single_device(tmp_path):
         [sys.executable, str(script), str(_free_port()), str(out), testlib_dir],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())

@@ -64,7 +64,7 @@ def test_optimizers_on_xla_match_cpu_and_do_not_recompile():
     pytest.importorskip("torch_xla", reason="torch_xla is not installed (pip install -e .[xla])")
     env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="1")
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
