@@ -6,13 +6,12 @@ import json
 import os
 import pathlib
 import shutil
-import signal
 import site
-import subprocess
 import sys
 import zipfile
 
 import pytest
+from _processes import run_in_own_group
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOT_SHIPPED = {"tests", "build", "docs", "runs", "out"}  # top-level folders that are not the package
@@ -43,20 +42,6 @@ def _source_modules() -> set:
     return found
 
 
-def _run_in_own_group(command: list, *, timeout: float, **popen_kwargs) -> subprocess.CompletedProcess:
-    """Run `command` in its own process group and kill the whole group when it ends or times out."""
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True, **popen_kwargs) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
-
-
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> pathlib.Path:
     """A wheel built as a user builds one (`pip wheel`), from a copy of the tree without build leftovers."""
@@ -67,7 +52,7 @@ def wheel(tmp_path_factory) -> pathlib.Path:
     # The build backend comes from the test environment ([test] installs setuptools): no download.
     command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                "-w", str(tmp / "dist"), str(src)]
-    built = _run_in_own_group(command, timeout=600)
+    built = run_in_own_group(command, timeout=600)
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel_file,) = (tmp / "dist").glob("ember-*.whl")
     return wheel_file
@@ -88,7 +73,7 @@ def test_every_module_imports_from_the_wheel_alone(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(unpacked)
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
     env["PYTHONPATH"] = os.pathsep.join([str(unpacked), *site.getsitepackages()])
-    out = _run_in_own_group([sys.executable, "-S", "-c", _IMPORT_EVERY_MODULE], cwd=tmp_path, env=env, timeout=900)
+    out = run_in_own_group([sys.executable, "-S", "-c", _IMPORT_EVERY_MODULE], cwd=tmp_path, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert pathlib.Path(got["file"]).is_relative_to(unpacked), got["file"]

@@ -9,27 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import traceback
 from typing import Callable, Dict, Iterable, Tuple
 
-
-def run_group(cmd, timeout: int = 1200, **kwargs) -> subprocess.CompletedProcess:
-    """`subprocess.run(cmd)` in a session of its own, whose whole process group (a launcher's ranks) is killed
-    when it ends, however it ends: a timeout leaves no rank compiling beside the next test."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            **kwargs)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: _processes
+from _processes import run_in_own_group  # noqa: E402
 
 
 def run_worlds(worker: str, worlds: Iterable[int], tmp_path_factory, name: str,
@@ -38,7 +23,7 @@ def run_worlds(worker: str, worlds: Iterable[int], tmp_path_factory, name: str,
     results = {}
     for world in worlds:
         out = tmp_path_factory.mktemp(f"{name}_{world}")
-        proc = run_group([sys.executable, worker, "--world", str(world), "--out", str(out)], timeout=timeout)
+        proc = run_in_own_group([sys.executable, worker, "--world", str(world), "--out", str(out)], timeout=timeout)
         assert proc.returncode == 0, proc.stderr[-4000:]
         for rank in range(world):
             with open(os.path.join(out, f"results_{rank}.json")) as f:

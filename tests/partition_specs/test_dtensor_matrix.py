@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _dtensor_worker as W  # noqa: E402
-from _gloo_runs import run_group  # noqa: E402
+from _processes import run_in_own_group  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("dtensor_matrix")  # one worker runs the module: its shared fixture runs once
 
@@ -81,7 +81,7 @@ def _by_kind(counts):
 
 def _launch(out, world, meshes, *extra, timeout=900):  # a cold Inductor cache: 155 s alone for world 4
     cmd = [sys.executable, W.__file__, "--world", str(world), "--meshes", ";".join(meshes), "--out", str(out), *extra]
-    proc = run_group(cmd, timeout=timeout)
+    proc = run_in_own_group(cmd, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(os.path.join(out, "results.json")) as f:
         return json.load(f)

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _moe_dtensor_worker as W  # noqa: E402
-from _gloo_runs import run_group  # noqa: E402
+from _processes import run_in_own_group  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("latent_attention_dtensor")  # one worker runs the module: its fixture runs once
 
@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("latent_attention")
     cmd = [sys.executable, W.__file__, "--world", "4", "--meshes", ";".join(MESHES), "--out", str(out),
            "--capacities", "dropless", "--family", "deepseek_v3"]
-    proc = run_group(cmd, timeout=900)
+    proc = run_in_own_group(cmd, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(os.path.join(out, "results.json")) as f:
         results = {key.split("/")[0]: res for key, res in json.load(f).items()}

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _moe_dtensor_worker as W  # noqa: E402
-from _gloo_runs import run_group  # noqa: E402
+from _processes import run_in_own_group  # noqa: E402
 
 from ember.core.compat.grouped_mm import grouped_mm_runs  # noqa: E402
 
@@ -57,7 +57,7 @@ def runs(tmp_path_factory):
     for world, meshes in MESHES.items():
         out = tmp_path_factory.mktemp(f"moe_world{world}")
         cmd = [sys.executable, W.__file__, "--world", str(world), "--meshes", ";".join(meshes), "--out", str(out)]
-        proc = run_group(cmd, timeout=900)
+        proc = run_in_own_group(cmd, timeout=900)
         assert proc.returncode == 0, proc.stderr[-4000:]
         with open(os.path.join(out, "results.json")) as f:
             for key, res in json.load(f).items():
