@@ -25,11 +25,11 @@ from _moe_dtensor_worker import grads_of  # noqa: E402  (the first batch's mean-
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16,
              tie_embeddings=True)
 BATCH, SEQ, STEPS, LR = 4, 16, 3, 0.5
-CASES = {  # name: (mesh, compiled, packed documents)
-    # compiled first, so its step is this process's first trace (DTensor caches what its planner computes)
-    2: {"cp=2 compiled": ("cp=2", True, False), "cp=2": ("cp=2", False, False), "cp=2 packed": ("cp=2", False, True)},
-    # eagerly: a compiled case here is four cold compiles (this world took 465 s on 2 cores with cp=2,fsdp=2 compiled)
-    4: {"cp=2,fsdp=2": ("fsdp=2,cp=2", False, True), "cp=2,tp=2": ("cp=2,tp=2", False, True)},
+# Eagerly: a compiled case is a cold compile in each process (the 4-process world took 465 s on 2 cores with
+# cp=2,fsdp=2 compiled; CI ran past its time). tests/launch/test_torchrun_pp_cp.py compiles cp=2 under torchrun.
+CASES = {  # name: (mesh, packed documents)
+    2: {"cp=2": ("cp=2", False), "cp=2 packed": ("cp=2", True)},
+    4: {"cp=2,fsdp=2": ("fsdp=2,cp=2", True), "cp=2,tp=2": ("cp=2,tp=2", True)},
 }
 
 
@@ -60,8 +60,7 @@ def in_context_order(batch: dict, cp: int) -> dict:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
 
 
-def _run(mesh_text: str, world: int, compiled: bool, packed: bool) -> dict:
-    from ember.core.jit import jit
+def _run(mesh_text: str, world: int, packed: bool) -> dict:
     from ember.core.mesh import Mesh
     from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
     from ember.core.pytree import tree_leaves_with_path
@@ -75,11 +74,9 @@ def _run(mesh_text: str, world: int, compiled: bool, packed: bool) -> dict:
     start = shard(state, sharding, axes=model.axes)
     state = shard(state, sharding, axes=model.axes)
     step = train_step(loss_fn, tx)
-    if compiled:
-        step = jit(step, backend="inductor")
     with use_sharding(sharding):
         losses = []
-        for batch in batches:  # the steps first: a compiled step is traced before anything ran eagerly
+        for batch in batches:
             state, metrics = step(state, shard_batch(batch, sharding))
             losses.append(float(low.gather(metrics["loss"])))
         with comm_mode() as mode:

@@ -1,7 +1,7 @@
 """A tiny Llama with its sequence split over `cp` (DTensor, gloo): each sequence in the head-tail order of
 `ember.data.ContextOrder`, the step's gradients, SGD losses and final parameters equal one device's on the
-natural order (eagerly, compiled by ember's `jit` as the first thing its processes trace, with packed
-documents and padding, beside `fsdp` and `tp`), on every process; the only all-gathers are of
+natural order (eagerly, with packed documents and padding, beside `fsdp` and `tp`; compiled, under torchrun,
+in tests/launch/test_torchrun_pp_cp.py), on every process; the only all-gathers are of
 the keys and values (and of the keys' positions and segment ids), and the keys' and values' gradients come
 back reduce-scattered."""
 
@@ -35,7 +35,7 @@ def runs(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("world,case", CASES)
 def test_cp_step_equals_one_device_on_every_process(runs, references, world, case):
-    packed = W.CASES[world][case][2]
+    packed = W.CASES[world][case][1]
     ref = references[packed]
     for rank in range(world):
         res = runs[world, rank][case]

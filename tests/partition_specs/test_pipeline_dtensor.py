@@ -1,14 +1,13 @@
 """A stacked Llama over meshes with `pp=2` (DTensor, gloo): `layers -> pp` splits the blocks by stage, and the
-step's gradients, SGD losses and final parameters equal one device's (eagerly, compiled by ember's `jit`,
-with as few microbatches as stages, with 2 repeats (each process's block of layers exchanged for its stages'
-layers of both repeats), and beside `fsdp` (the stages' layers gathered once per step) and `dp`),
-on every process; packed `segment_ids` travel with their microbatch,
-and the tied embedding (read by the first stage, the head on every process) gets its whole gradient. Beside
-`tp` (each stage's layers split by heads and features) and `cp` (each sequence split, in its head-tail order),
-eagerly: the stages run their layers on DTensors of those axes. A
-Qwen3-MoE of two dense blocks then two of experts (two runs, each pipelined) on `pp=2,ep=2`: the experts
-stored split over `ep`, the router statistics summed over microbatches and processes (the auxiliary loss
-and its gradient as one device's)."""
+step's gradients, SGD losses and final parameters equal one device's, on every process, eagerly: with as few
+microbatches as stages, with 2 repeats (each process's block of layers exchanged for its stages' layers of both
+repeats), beside `fsdp` (the stages' layers gathered once per step) and `dp`, beside `tp` (each stage's layers
+split by heads and features) and `cp` (each sequence split, in its head-tail order); packed `segment_ids` travel
+with their microbatch, and the tied embedding (read by the first stage, the head on every process) gets its
+whole gradient. A Qwen3-MoE of two dense blocks then two of experts (two runs, each pipelined) on `pp=2,ep=2`,
+eagerly and compiled by ember's `jit`: the experts stored split over `ep`, the router statistics summed over
+microbatches and processes (the auxiliary loss and its gradient as one device's). `pp=2` compiled runs under
+torchrun in tests/launch/test_torchrun_pp_cp.py."""
 
 from __future__ import annotations
 
