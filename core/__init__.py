@@ -25,8 +25,8 @@ from .jit import Jitted as Jitted
 from .jit import jit as jit
 from .mesh import Mesh as Mesh
 from .mesh import MeshError as MeshError
-from .context_parallel import context_attention as context_attention
-from .pipeline import pipeline as pipeline
+from .partition_specs.context_parallel import context_attention as context_attention
+from .partition_specs.pipeline import pipeline as pipeline
 from .train_state import TrainState as TrainState
 from .transforms import checkpoint_name as checkpoint_name
 from .transforms import grad as grad

@@ -4,7 +4,7 @@ Public names: `ContextOrder`.
 
 Under the mesh axis `cp` each process holds a contiguous `T / cp` of every sequence. With causal
 attention the last process's queries read every key and the first's only its own, so the pipeline
-reorders each sequence once (`ember.core.context_parallel.head_tail_order`): cut into `2 cp` chunks,
+reorders each sequence once (`ember.core.partition_specs.context_parallel.head_tail_order`): cut into `2 cp` chunks,
 process `r` holds chunks `r` and `2 cp - 1 - r`. Every `(B, T)` array moves alike (inputs, targets,
 segment ids, positions), and two go along: `token_index`, each token's index before the move, which
 causal masks and windows compare, and `positions` (the same, unless the batch carries its own), which
@@ -25,7 +25,7 @@ from typing import Dict
 
 import numpy as np
 
-from ..core.context_parallel import head_tail_order
+from ..core.partition_specs.context_parallel import head_tail_order
 
 __all__ = ["ContextOrder"]
 

@@ -112,7 +112,7 @@ def attention_cost(seq: int, cp: int, heads: int, head_dim: int, iters: int = 7)
     import statistics
     import time
 
-    from ember.core.context_parallel import head_tail_order
+    from ember.core.partition_specs.context_parallel import head_tail_order
     from ember.core.remat import remat
     from ember.core.transforms import grad
     from ember.models.layers.attention import _attend_by_index

@@ -23,7 +23,7 @@ from ember import optim
 from ember.core import TrainState, random
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import memory_per_device, sharding_table
-from ember.core.pipeline import bubble_fraction, pipeline
+from ember.core.partition_specs.pipeline import bubble_fraction, pipeline
 from ember.core.pytree import tree_flatten, tree_unflatten
 from ember.launch.benchmark import time_round_robin, update_markdown
 from ember.launch.benchmark.setup import Variant

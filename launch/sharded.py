@@ -23,8 +23,8 @@ import torch.distributed as dist
 from ember.core.mesh import Mesh
 from ember.core.partition_specs import (MESH_ORDER, Sharding, for_mesh, resolve_tree, shard, shard_batch,
                                         use_sharding)
-from ember.core.context_parallel import check_dtensor_can_split_sequences, head_tail_order
-from ember.core.pipeline import PipelineSchedule
+from ember.core.partition_specs.context_parallel import check_dtensor_can_split_sequences, head_tail_order
+from ember.core.partition_specs.pipeline import PipelineSchedule
 from ember.core.pytree import tree_leaves, tree_map
 from ember.models.layers.moe import check_tensor_parallel
 

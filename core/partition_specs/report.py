@@ -34,6 +34,7 @@ from ..pytree import tree_flatten_with_path
 from .. import pytree
 from ..mesh import Mesh
 from .layouts import Layout, for_mesh
+from .pipeline import PipelineSchedule, bubble_fraction
 from .rules import EXPERT_AXIS, resolve_tree
 from .sharding import Sharding, specs_like_params
 from .spec import PartitionSpec
@@ -230,8 +231,6 @@ def describe_sharding(
 
 def _stages_line(rows: Sequence[ShardRow], axes: Any, mesh: Mesh, sharding: Any) -> List[str]:
     """`["pipeline: S stages of l layers (of L), M microbatches x R repeats, bubble b%"]` under `pp`, else `[]`."""
-    from ..pipeline import PipelineSchedule, bubble_fraction
-
     stages = mesh.sizes().get("pp", 1)
     flat, _ = tree_flatten_with_path(axes, is_leaf=lambda a: isinstance(a, tuple))
     stacked = {pytree.keystr(p): a.index("layers") for p, a in flat if isinstance(a, tuple) and "layers" in a}

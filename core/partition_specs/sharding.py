@@ -85,7 +85,7 @@ class Sharding:
         mesh: the named mesh (its backend picks the lowering).
         layout: a `Layout`, or a list of rules used for both mappings.
         lowering: override the backend lowering (tests); built from `mesh.backend` by default.
-        pipeline: how stacked layers run when the mesh has `pp` (`ember.core.pipeline.PipelineSchedule`;
+        pipeline: how stacked layers run when the mesh has `pp` (`ember.core.partition_specs.pipeline.PipelineSchedule`;
             None: its defaults).
     """
 

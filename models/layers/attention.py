@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...core import random
-from ...core.context_parallel import context_attention, sequence_split
+from ...core.partition_specs.context_parallel import context_attention, sequence_split
 from ...core.partition_specs import explicit_attention_required
 from ...core.remat import remat
 from ...core.types import Key

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...core.context_parallel import split_rows
+from ...core.partition_specs.context_parallel import split_rows
 from ...core.types import Key, Params
 from . import initializers as inits
 from .module import Module

@@ -23,7 +23,7 @@ elsewhere (eagerly, on torch_xla, on DTensor), one layer after the other, each w
 `ember.core.transforms.remat`. The costs are in BENCHMARKS.md ("How the step scales").
 
 Under a mesh with `pp` (the rule `("layers", "pp")`), `Stacked` runs its layers as pipeline stages
-(`ember.core.pipeline`, with the active `Sharding`'s `PipelineSchedule`); the stages keep every
+(`ember.core.partition_specs.pipeline`, with the active `Sharding`'s `PipelineSchedule`); the stages keep every
 activation for the backward (GPipe), whatever `remat` says. A layer carrying `(x, totals)` (a mixture of
 experts' router statistics) runs there when it names how two totals add, `layer.merge_totals(a, b)`:
 each microbatch's totals are summed after the stages. `Stacks` pipelines each run on its own.
@@ -50,7 +50,7 @@ from torch import Tensor
 
 from ...core import pytree, random
 from ...core.partition_specs import current_sharding
-from ...core.pipeline import PipelineError, PipelineSchedule, pipeline
+from ...core.partition_specs.pipeline import PipelineError, PipelineSchedule, pipeline
 from ...core.remat_policies import remat_policy
 from ...core.transforms import remat as _remat
 from ...core.transforms import remat_scan
@@ -201,7 +201,7 @@ class Stacked(Module):
                           policy=self.remat, name="ember.Stacked")
 
     def _pipelined(self, params: Params, x: PyTree, keys: Optional[Tensor], kwargs: Any) -> PyTree:
-        """The layers as `pp` stages (`ember.core.pipeline`): per-example kwargs (`(B, T)` segment ids,
+        """The layers as `pp` stages (`ember.core.partition_specs.pipeline`): per-example kwargs (`(B, T)` segment ids,
         masks, positions) travel with their microbatch; the rest reach every layer as they are."""
         h, totals, merge = x, None, getattr(self.layer, "merge_totals", None)
         if not isinstance(x, Tensor):

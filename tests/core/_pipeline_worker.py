@@ -24,7 +24,7 @@ def _worker(rank: int, out: str) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
     import test_pipeline_stages as T
-    from ember.core.pipeline import pipeline
+    from ember.core.partition_specs.pipeline import pipeline
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(out, "store"), 2), rank=rank, world_size=2)

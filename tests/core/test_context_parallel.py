@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ember.core.context_parallel import ContextParallelError, context_attention, head_tail_order
+from ember.core.partition_specs.context_parallel import ContextParallelError, context_attention, head_tail_order
 from ember.data import ContextOrder, make_pipeline
 from ember.models.layers import dot_product_attention, repeat_kv
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from ember.core.pipeline import PipelineError, bubble_fraction, pipeline
+from ember.core.partition_specs.pipeline import PipelineError, bubble_fraction, pipeline
 
 D = 6
 
@@ -89,7 +89,7 @@ def test_totals_ride_through_the_stages_and_add_up_over_microbatches(stages, mic
 
 
 def test_a_nan_in_a_bubble_slot_reaches_no_gradient():
-    from ember.core.pipeline import _schedule, _Stages
+    from ember.core.partition_specs.pipeline import _schedule, _Stages
 
     S, M = 2, 4
 

@@ -1,11 +1,12 @@
-"""A model's stacked blocks through `ember.core.pipeline`: Llama's logits and gradients as without it."""
+"""A model's stacked blocks through `ember.core.partition_specs.pipeline`: Llama's logits and gradients as
+without it."""
 
 import pytest
 import torch
 
 from ember.core import random
 from ember.core.pytree import tree_flatten, tree_unflatten
-from ember.core.pipeline import pipeline
+from ember.core.partition_specs.pipeline import pipeline
 from ember.models import build_model, get_config
 
 

@@ -62,7 +62,7 @@ def _run(mesh_text: str, world: int, microbatches: int, compiled: bool, model_na
     from ember.core.jit import jit
     from ember.core.mesh import Mesh
     from ember.core.partition_specs import Sharding, for_mesh, shard, shard_batch, use_sharding
-    from ember.core.pipeline import PipelineSchedule
+    from ember.core.partition_specs.pipeline import PipelineSchedule
     from ember.core.pytree import tree_leaves_with_path
     from ember.core.step_fns import train_step
 

@@ -33,8 +33,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .compat import refuse_where_gated
-from .partition_specs.sharding import Sharding, constrain, current_sharding
+from ..compat import refuse_where_gated
+from .sharding import Sharding, constrain, current_sharding
 
 __all__ = ["ContextParallelError", "check_dtensor_can_split_sequences", "context_attention", "head_tail_order",
            "sequence_split", "split_rows"]
@@ -120,7 +120,7 @@ def context_attention(attend: Attend, q: Tensor, k: Tensor, v: Tensor, *,
 
 
 def _on_local_shards(attend: Attend, q: Tensor, k: Tensor, v: Tensor, tokens: Dict[str, Tensor], axis: str) -> Tensor:
-    from .compat.functional_collectives import all_gather, all_gather_autograd
+    from ..compat.functional_collectives import all_gather, all_gather_autograd
     from torch.distributed.tensor import DTensor, Shard
 
     if not isinstance(q, DTensor):

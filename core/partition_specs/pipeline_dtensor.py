@@ -20,9 +20,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..jit_backends.dtensor_local import has_dtensor
+from ..pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from ..types import PyTree
+from .dtensor import redistribute
 from .pipeline import PP, PipelineError, _Stages
-from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .types import PyTree
+from .sharding import Sharding, current_sharding, use_sharding
 
 __all__ = ["in_stage", "local_inputs", "stage_layers"]
 
@@ -43,7 +46,7 @@ def stage_layers(n_layers: int, stages: int, repeats: int, processes: int) -> Li
 def _exchange(held: Tensor, order: List[List[int]], rank: int, group: Any) -> Tensor:
     """This process's block of layers (`held`, layers `rank * n` to `(rank + 1) * n`) exchanged over `pp` for
     the layers of `order[rank]`, in that order: one all-to-all, whose backward sends the gradients back."""
-    from .compat.functional_collectives import all_to_all_single_autograd
+    from ..compat.functional_collectives import all_to_all_single_autograd
 
     n, size = held.shape[0], len(order)
     sends = [[g - rank * n for g in order[q] if g // n == rank] for q in range(size)]  # to q, in q's order
@@ -61,14 +64,10 @@ def local_inputs(layer_fn: Callable[..., Any], params: PyTree, x: Any, extras: D
     DTensors, this process's shares (its stages' layers, `[repeats * local stages * layers per stage, ...]` in
     that order), `wrap`, which makes the output a DTensor again (None for plain inputs), and `layer_fn` run on
     DTensors of the axes that split more than the batch (`tp`, `cp`: `in_stage`)."""
-    from .jit_backends.dtensor_local import has_dtensor
-
     leaves = tree_leaves(params)
     if not has_dtensor([*leaves, x, *extras.values()]):
         return layer_fn, params, x, extras, totals, _Stages(stages), None
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-
-    from .partition_specs.dtensor import redistribute
 
     mesh = next(t for t in [x, *leaves, *extras.values()] if isinstance(t, DTensor)).device_mesh
     names = mesh.mesh_dim_names or ()
@@ -154,9 +153,6 @@ def in_stage(layer_fn: Callable[..., Any], axes: List[str], layer_layout: List[O
         rows: the activations' placements on `axes`; `extras` those of each batch tensor (None: plain).
     """
     from torch.distributed.tensor import DTensor, Replicate
-
-    from .partition_specs.dtensor import redistribute
-    from .partition_specs.sharding import Sharding, current_sharding, use_sharding
 
     outer = current_sharding()
     if outer is None or outer.mesh.backend != "dtensor":

@@ -15,7 +15,7 @@ Inductor step the iterations are one rolled loop each way (`remat_scan`): the co
 the microbatches. Layers that add to totals beside the activations (a mixture of experts' router
 statistics) carry them through the stages as a second buffer; each microbatch's are merged at the end.
 
-On DTensor (`ember.core.pipeline_dtensor`), with the layer dimension split over the mesh axis `pp`, each
+On DTensor (`ember.core.partition_specs.pipeline_dtensor`), with the layer dimension split over the mesh axis `pp`, each
 process runs its own stages on plain tensors (their layers of every repeat, exchanged once per step when
 there are several) and the shift is one exchange: its last stage's buffer goes to the next process
 (`all_to_all_single` with one non-zero split, whose backward is the shift the other way), never an
@@ -51,9 +51,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .partition_specs.sharding import constrain, current_sharding, use_sharding
-from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .types import PyTree
+from ..pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from ..remat_scan import remat_scan
+from ..scan import scan
+from ..types import PyTree
+from .sharding import constrain, current_sharding, use_sharding
 
 __all__ = ["PipelineError", "PipelineSchedule", "bubble_fraction", "pipeline"]
 
@@ -116,7 +118,7 @@ class _Stages:
         """The buffer one stage along, circularly: slot s gets stage s-1's output, slot 0 the last stage's."""
         if self.group is None:
             return self.pin(torch.roll(out, 1, dims=0))
-        from .compat.functional_collectives import all_to_all_single_autograd
+        from ..compat.functional_collectives import all_to_all_single_autograd
 
         last = out[-1]
         mb = last.shape[0]
@@ -132,7 +134,7 @@ def _hand_out(result: Tensor, place: _Stages) -> Tensor:
     count), through a term that adds zero."""
     if place.group is None:
         return result
-    from .compat.functional_collectives import broadcast, wait_tensor
+    from ..compat.functional_collectives import broadcast, wait_tensor
 
     # the root is a rank of the group (the functional op hands it to ProcessGroup.broadcast as its root)
     sent = wait_tensor(broadcast(result.detach().contiguous(), 0, place.group))
@@ -166,7 +168,7 @@ class _Totals:
         """`flat` merged over the processes of each `(group, rank, size)` (the batch axes beside `pp`). The
         others' terms come as values, this process's own term live: the loss is the same on every process,
         so each process's gradient reaches its own rows' totals once."""
-        from .compat.functional_collectives import all_gather, wait_tensor
+        from ..compat.functional_collectives import all_gather, wait_tensor
 
         for group, rank, size in groups:
             every = wait_tensor(all_gather(flat.detach().unsqueeze(0), 0, group))
@@ -274,9 +276,6 @@ def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, sta
     # dropped a shifted buffer would skip its backward exchange and leave the others waiting): what
     # differs by process is chosen by `torch.where`, whose unchosen side gets a zero gradient. The
     # buffers are lanes: the activations, and the packed totals where the layers add to some.
-    from .remat_scan import remat_scan
-    from .scan import scan
-
     S, M, R = stages, microbatches, repeats
     mbs = x.reshape(M, x.shape[0] // M, *x.shape[1:])  # (M, mb, ...)
     sources = (mbs,) if sums is None else (mbs, mbs.new_zeros(M, sums.size, dtype=sums.dtype))
