@@ -6,10 +6,10 @@ on for (each end measured to need it), the releases where it was measured, and t
 when a newer release makes it unnecessary or breaks it (`tests/core/test_compat*.py`).
 
 Entries of kind "patch" change what torch does. They run only inside ember's own compiles, only
-inside their range, and only while `EMBER_DISABLE_PATCHES` (a comma-separated
-list of names, or `all`) does not name them. A patch that fails is dropped with one warning and
-the plain path runs (`compiling_with`). Entries of kind "access" only read a private name that
-has no public equivalent yet; where that name is gone they fall back or say what is missing.
+inside their range, and only while `EMBER_DISABLE_PATCHES` (a comma-separated list of names, or
+`all`) does not name them. A patch that fails is found, named in one warning and dropped alone; the
+compile runs with the others (`compiling_with`). Entries of kind "access" only read a private name
+that has no public equivalent yet; where that name is gone they fall back or say what is missing.
 Entries of kind "refusal" stop a computation torch gets wrong inside their range, wherever ember
 meets it, with an error naming the fix (`refuse_where_gated`); naming one in `EMBER_DISABLE_PATCHES`
 lifts it (`all` does not).
@@ -230,12 +230,15 @@ def _disabled() -> set:
 
 def compiling_with(patches: Sequence[Tuple[str, Callable[[], ContextManager]]],
                    compile_fn: Callable[[], T], passthrough: Tuple[type, ...] = ()) -> T:
-    """`compile_fn()` inside the enabled patches; if it fails with patches on, once more without.
+    """`compile_fn()` inside the enabled patches; if it fails with patches on, again without the culprit.
 
-    A patch that breaks (an internal renamed, a signature changed) warns once, naming itself and
-    the torch version, and stays off for the rest of the process; the user's step still compiles.
-    If the plain compile fails too, the patches were not to blame: its error is raised. Errors of
-    the `passthrough` types (the user's own, such as reading a value while tracing) are raised as is.
+    A patch that breaks (an internal renamed, a signature changed) is found by compiling again with each
+    active patch left out in turn: the first of those that succeeds names it (nothing succeeded before it,
+    so no compile cache can hide the failure). It warns once, naming itself and the torch version, and
+    stays off for the rest of the process; the other patches stay on. If no single patch is to blame the
+    compile runs plain: its error is raised if it fails too (the patches were not the cause), else every
+    active patch goes off, named. Errors of the `passthrough` types (the user's own, such as reading a
+    value while tracing) are raised as is.
     """
     active = [(name, make) for name, make in patches if patch_enabled(name)]
     if not active:
@@ -246,15 +249,29 @@ def compiling_with(patches: Sequence[Tuple[str, Callable[[], ContextManager]]],
     except passthrough:
         raise
     except Exception as err:
-        names = [name for name, _ in active]
-        result = compile_fn()  # raises the plain path's own error if the patches were not the cause
-        _failed.update(names)
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        warn_once(f"patch-failed:{','.join(names)}", (
-            f"ember's torch patch(es) {names} failed on torch {torch.__version__} "
-            f"({type(err).__name__}: {first_line}); compiled without them. Set "
-            f"EMBER_DISABLE_PATCHES={','.join(names)} to skip them from the start."))
+        failure = f"{type(err).__name__}: {first_line}"
+    for i, (name, _) in enumerate(active if len(active) > 1 else []):
+        try:
+            with _entered(active[:i] + active[i + 1:]):
+                result = compile_fn()
+        except passthrough:
+            raise
+        except Exception:
+            continue
+        _turn_off([name], failure)
         return result
+    result = compile_fn()  # raises the plain path's own error if the patches were not the cause
+    _turn_off([name for name, _ in active], failure)
+    return result
+
+
+def _turn_off(names: Sequence[str], failure: str) -> None:
+    _failed.update(names)
+    warn_once(f"patch-failed:{','.join(names)}", (
+        f"ember's torch patch(es) {list(names)} failed on torch {torch.__version__} ({failure}); compiled "
+        f"without {'it' if len(names) == 1 else 'them'}, for the rest of this process. Set "
+        f"EMBER_DISABLE_PATCHES={','.join(names)} to skip {'it' if len(names) == 1 else 'them'} from the start."))
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ Each `WORKAROUNDS` entry names a test; the tests here fail when a torch release 
 unnecessary (then drop it or narrow its gate) or breaks it.
 """
 
+import contextlib
 import importlib.util
 import inspect
 import io
@@ -109,15 +110,73 @@ def test_a_failing_patch_warns_once_and_the_step_still_compiles(monkeypatch, tmp
     monkeypatch.setattr(compat, "_failed", set())
     monkeypatch.setattr(compat, "_warned", set())
     monkeypatch.setattr("ember.core.jit_backends.traced.batched_cpu_kernels", _inductor_codegen_breaks)
+    others = [name for name, w in WORKAROUNDS.items() if w.kind == "patch" and name != "cpp_kernel_batching"
+              and patch_enabled(name)]
     assert patch_enabled("cpp_kernel_batching")
-    with pytest.warns(RuntimeWarning, match=r"patch\(es\) \[.*'cpp_kernel_batching'.*\] failed on torch "
-                                            r".*unexpected keyword argument 'timeout'.*EMBER_DISABLE_PATCHES="):
+    with pytest.warns(RuntimeWarning, match=r"patch\(es\) \['cpp_kernel_batching'\] failed on torch "
+                                            r".*unexpected keyword argument 'timeout'.*"
+                                            r"EMBER_DISABLE_PATCHES=cpp_kernel_batching to"):
         out = jit(lambda x: (x * 3).sin())(torch.ones(4))
     torch.testing.assert_close(out, torch.ones(4).mul(3).sin())
     assert not patch_enabled("cpp_kernel_batching")  # off for the rest of the process: no second try
+    assert [name for name in others if patch_enabled(name)] == others  # the culprit alone is off
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(jit(lambda x: x.cos() * 2)(torch.ones(3)), torch.ones(3).cos() * 2)
+
+
+_PATCHES = ["cpp_kernel_batching", "shared_subgraph", "gloo_all_gather_out"]  # on from torch 2.9 to 2.15
+_CASES = {  # which patches entered make the compile fail -> the patches turned off
+    "one breaks": (lambda on: "shared_subgraph" in on, ["shared_subgraph"]),
+    "two clash": (lambda on: {"cpp_kernel_batching", "shared_subgraph"} <= on, ["cpp_kernel_batching"]),
+    "two break": (lambda on: bool(on & {"cpp_kernel_batching", "shared_subgraph"}), _PATCHES),
+}
+
+
+@pytest.mark.parametrize("case", _CASES)
+def test_compiling_with_turns_off_the_failing_patch_alone(monkeypatch, case):
+    """After a failure each patch is left out in turn: the first whose absence compiles is named and goes
+    off (of two that clash, the first), the rest stay on, and the result is that compile; where no single
+    patch is to blame, every patch goes off, named, and the plain compile is the result."""
+    monkeypatch.setattr(compat, "_failed", set())
+    monkeypatch.setattr(compat, "_warned", set())
+    fails, off = _CASES[case]
+    assert all(patch_enabled(n) for n in _PATCHES)
+    entered = []
+
+    def patch(name):
+        @contextmanager
+        def enter():
+            entered.append(name)
+            try:
+                yield
+            finally:
+                entered.remove(name)
+        return name, enter
+
+    def compile_fn():
+        if fails(set(entered)):
+            raise TypeError("an internal changed its signature")
+        return list(entered)
+
+    with pytest.warns(RuntimeWarning, match=re.escape(f"patch(es) {off} failed") +
+                      r".*TypeError: an internal changed its signature"):
+        got = compat.compiling_with([patch(n) for n in _PATCHES], compile_fn)
+    kept = [n for n in _PATCHES if n not in off]
+    assert got == kept and compat._failed == set(off)
+    assert [n for n in _PATCHES if patch_enabled(n)] == kept
+
+
+def test_a_compile_that_fails_without_patches_raises_its_own_error_and_blames_none(monkeypatch):
+    monkeypatch.setattr(compat, "_failed", set())
+    patches = [(n, contextlib.nullcontext) for n in _PATCHES]
+
+    def compile_fn():
+        raise RuntimeError("the step's own error")
+
+    with pytest.raises(RuntimeError, match="the step's own error"):
+        compat.compiling_with(patches, compile_fn)
+    assert not compat._failed
 
 
 def test_an_error_of_the_step_itself_is_not_blamed_on_a_patch(monkeypatch):
