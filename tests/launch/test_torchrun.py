@@ -44,8 +44,10 @@ def one_process(tmp_path_factory):
     return _train(tmp_path_factory.mktemp("single") / "run", sys.executable)
 
 
+# fsdp=4 only: the compiled fsdp=2,tp=2 launch against one process is test_torchrun_moe.py's (dense attention split
+# over tp, the experts grouped), and the README's snippet below compiles the dense fsdp=2,tp=2 step (179 s here).
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", ["fsdp=2,tp=2", "fsdp=4"])
+@pytest.mark.parametrize("mesh", ["fsdp=4"])
 def test_launcher_under_torchrun_compiles_and_matches_one_process(tmp_path, one_process, mesh):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
     losses = _train(tmp_path / "run", *torchrun, mesh=["--mesh", mesh])
