@@ -55,17 +55,11 @@ from ..pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..remat_scan import remat_scan
 from ..scan import scan
 from ..types import PyTree
+from .pipeline_dtensor import local_inputs
+from .pipeline_stages import LAYERS, PP, PipelineError, Stages, hand_out
 from .sharding import constrain, current_sharding, use_sharding
 
 __all__ = ["PipelineError", "PipelineSchedule", "bubble_fraction", "pipeline"]
-
-PP = "pp"
-LAYERS = "layers"  # the logical axis of the stacked layers, which the rule ("layers", "pp") splits
-
-
-class PipelineError(ValueError):
-    """A pipeline that cannot be scheduled as asked; the message names the fix."""
-
 
 @dataclasses.dataclass(frozen=True)
 class PipelineSchedule:
@@ -101,44 +95,6 @@ def _check(n_layers: int, batch: int, stages: int, microbatches: int, repeats: i
         raise PipelineError(
             f"a batch of {batch} does not split into {microbatches} microbatches: the batch size must be a multiple "
             f"of the microbatches.")
-
-
-class _Stages:
-    """Where this process's stages sit: `first`, the global index of its first stage, `local` of them,
-    the `pp` process group it exchanges with (None: one process holds every stage), and the groups of the
-    batch axes that split its rows (DTensor)."""
-
-    def __init__(self, stages: int, group: Any = None, rank: int = 0, size: int = 1,
-                 pin: Callable[[Tensor], Tensor] = lambda t: t, batch_groups: Sequence[Tuple[Any, int, int]] = ()):
-        self.local, self.group, self.rank, self.size, self.pin = stages // size, group, rank, size, pin
-        self.first, self.batch_groups = rank * self.local, batch_groups  # (group, rank, size) of each batch axis
-        self.vmap = True  # the local stages as one batch (False: one after another)
-
-    def shift(self, out: Tensor) -> Tensor:
-        """The buffer one stage along, circularly: slot s gets stage s-1's output, slot 0 the last stage's."""
-        if self.group is None:
-            return self.pin(torch.roll(out, 1, dims=0))
-        from ..compat.functional_collectives import all_to_all_single_autograd
-
-        last = out[-1]
-        mb = last.shape[0]
-        send = [mb if j == (self.rank + 1) % self.size else 0 for j in range(self.size)]
-        recv = [mb if j == (self.rank - 1) % self.size else 0 for j in range(self.size)]
-        came = all_to_all_single_autograd(last.contiguous(), recv, send, self.group)
-        return torch.cat([came.unsqueeze(0), out[:-1]])
-
-
-def _hand_out(result: Tensor, place: _Stages) -> Tensor:
-    """The first process's `result` on every process of `pp`. The output is replicated, so each process's
-    loss sees the whole gradient: it flows to the first process's `result` alone (the others' did not
-    count), through a term that adds zero."""
-    if place.group is None:
-        return result
-    from ..compat.functional_collectives import broadcast, wait_tensor
-
-    # the root is a rank of the group (the functional op hands it to ProcessGroup.broadcast as its root)
-    sent = wait_tensor(broadcast(result.detach().contiguous(), 0, place.group))
-    return sent + (result - result.detach()) * float(place.rank == 0)
 
 
 class _Totals:
@@ -203,8 +159,6 @@ def pipeline(layer_fn: Callable[..., Any], params: PyTree, x: Tensor, *, stages:
     if (totals is None) != (merge is None):
         raise PipelineError("pipeline takes totals and merge together: pass both (the totals and how two add) or "
                             "neither.")
-    from .pipeline_dtensor import local_inputs
-
     n_layers = leaves[0].shape[0]
     _check(n_layers, x.shape[0], stages, microbatches, repeats)
     layer_fn, params, x, extras, given, place, wrap = local_inputs(layer_fn, params, x, dict(batch_kwargs or {}),
@@ -243,7 +197,7 @@ def _run_stage(layer_fn: Callable, stage_params: PyTree, lanes: Tuple[Tensor, ..
     return (h,) if sums is None else (h[0], sums.pack(h[1]))
 
 
-def _timetable(S: int, M: int, R: int, place: _Stages, device: torch.device) -> Dict[str, Tensor]:
+def _timetable(S: int, M: int, R: int, place: Stages, device: torch.device) -> Dict[str, Tensor]:
     """What differs from one iteration to the next, as tensors stacked over the `R * M + S - 1` iterations:
     `enters` (a microbatch enters stage 0), `enter` (which one), `again` (it comes back for another repeat),
     `working` (per local stage: on the schedule's diagonal, not the bubble), `repeat` and `microbatch` (per
@@ -265,7 +219,7 @@ def _timetable(S: int, M: int, R: int, place: _Stages, device: torch.device) -> 
     return {k: torch.tensor(v, dtype=torch.int64 if k in ints else torch.bool, device=device) for k, v in rows.items()}
 
 
-def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, stages: int, microbatches: int,
+def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: Stages, stages: int, microbatches: int,
               repeats: int, extras: Optional[Dict[str, Tensor]] = None,
               sums: Optional[_Totals] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """`(y, flats)`: the output and, with `sums`, each microbatch's packed totals `(M, n)` (else None)."""
@@ -317,7 +271,7 @@ def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: _Stages, sta
         _, returned = remat_scan(iteration, carry, timetable, consts, policy="none", name="ember.pipeline")
     else:  # the shift is a collective: the iterations stay in the step's graph (a rolled body runs apart)
         _, returned = scan(lambda c, now: (iteration(c, now, consts), None), carry, timetable)[0]
-    returned = tuple(_hand_out(r, place) for r in returned)
+    returned = tuple(hand_out(r, place) for r in returned)
     return returned[0].reshape(x.shape), (returned[1] if sums is not None else None)
 
 

@@ -24,7 +24,7 @@ from ..jit_backends.dtensor_local import has_dtensor
 from ..pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..types import PyTree
 from .dtensor import redistribute
-from .pipeline import PP, PipelineError, _Stages
+from .pipeline_stages import PP, PipelineError, Stages
 from .sharding import Sharding, current_sharding, use_sharding
 
 __all__ = ["in_stage", "local_inputs", "stage_layers"]
@@ -66,7 +66,7 @@ def local_inputs(layer_fn: Callable[..., Any], params: PyTree, x: Any, extras: D
     DTensors of the axes that split more than the batch (`tp`, `cp`: `in_stage`)."""
     leaves = tree_leaves(params)
     if not has_dtensor([*leaves, x, *extras.values()]):
-        return layer_fn, params, x, extras, totals, _Stages(stages), None
+        return layer_fn, params, x, extras, totals, Stages(stages), None
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     mesh = next(t for t in [x, *leaves, *extras.values()] if isinstance(t, DTensor)).device_mesh
@@ -127,7 +127,7 @@ def local_inputs(layer_fn: Callable[..., Any], params: PyTree, x: Any, extras: D
                     for i, (n, r) in enumerate(zip(names, rows)) if n != PP and r == Shard(0)]
     # the totals come back whole on every process, so the gradient each process gets for the given ones is whole
     whole = tree_map(lambda t: t.to_local() if isinstance(t, DTensor) else t, totals)
-    place = _Stages(stages, group, rank, size, batch_groups=batch_groups)
+    place = Stages(stages, group, rank, size, batch_groups=batch_groups)
     if inner:
         def layout(t):  # on the stages' axes; a layer's dimension d is the stack's d + 1
             if not isinstance(t, DTensor):

@@ -89,11 +89,12 @@ def test_totals_ride_through_the_stages_and_add_up_over_microbatches(stages, mic
 
 
 def test_a_nan_in_a_bubble_slot_reaches_no_gradient():
-    from ember.core.partition_specs.pipeline import _schedule, _Stages
+    from ember.core.partition_specs.pipeline import _schedule
+    from ember.core.partition_specs.pipeline_stages import Stages
 
     S, M = 2, 4
 
-    class NaNInTheBubble(_Stages):  # after each shift, NaN in every slot whose stage idles next
+    class NaNInTheBubble(Stages):  # after each shift, NaN in every slot whose stage idles next
         i = 0
 
         def shift(self, out):
