@@ -251,6 +251,7 @@ def compiling_with(patches: Sequence[Tuple[str, Callable[[], ContextManager]]],
     except Exception as err:
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         failure = f"{type(err).__name__}: {first_line}"
+    # each patch left out in turn (one patch alone: leaving it out is the plain compile below)
     for i, (name, _) in enumerate(active if len(active) > 1 else []):
         try:
             with _entered(active[:i] + active[i + 1:]):
