@@ -351,7 +351,7 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
     on_xla = not chosen.saves_anything and xla_loop_possible(all_tensors)
     if not (on_xla or rolling((carry, xs, consts))):
         step = remat(lambda c, x, k: fn(c, x, k), policy=policy, shared=True)
-        return scan(lambda c, x: (step(c, x, consts), None), carry, xs)[0]
+        return scan(lambda c, x: (step(c, x, consts), None), carry, xs, unroll=True)[0]  # each layer's remat
     length = xs_flat.tensors[0].shape[0]
     plan = _Plan(fn, carry_flat, xs_flat, consts_flat, length, chosen, name, on_xla,
                  differentiated=_needs_grad(all_tensors))

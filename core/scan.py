@@ -8,14 +8,13 @@ still stacks `ys[i]` from `xs[i]`, as JAX does). The typical use is a stack of
 identical layers whose parameters are stored stacked (`stack_trees(per_layer_params)`, each leaf
 with a leading `n_layers` dim), applied by scanning the block over them.
 
-`scan` is a Python loop, so a compiled graph holds one copy of the body per step. For a stack of
-rematerialised layers, `remat_scan` keeps compile time flat in the length: the forward and the
-backward are each one rolled loop (a layer compiled once, apart from the step, under
-`jit(backend="inductor")`; an XLA `While` on torch_xla). `remat(body, shared=True)` makes every
-call of one body a shared subgraph instead (the glue between calls still unrolls). torch's rolled scan operator
-(`torch._higher_order_ops.scan`) differentiates under ember's `grad` and compiles, but its backward
-keeps every layer's intermediates whatever the body's remat (BENCHMARKS.md, "One compile path"), and
-on torch 2.9 its gradients are wrong, so ember's layers do not use it.
+Inside `jit(backend="inductor")`'s trace `scan` rolls: one `while_loop` node runs the step, and its
+gradient is one more walking back, recomputing each step from the carry it started from
+(`scan_rolled.py`), so compile time does not grow with the length. It rolls on plain tensors outside
+`torch.func` transforms, when the body closes over no tensor that needs a gradient (pass parameters
+through `xs`) and `unroll` is below the length; elsewhere (eagerly, under Dynamo, `vmap`, DTensor,
+torch_xla) it is a Python loop, the same numbers. For a stack of rematerialised layers, `remat_scan`
+keeps the kept activations per layer.
 
 Example:
     >>> import torch
@@ -35,7 +34,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from .compat.functorch import any_transform_active
 from .pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from .scan_rolled import rolled_scan
 from .types import PyTree
 
 __all__ = ["scan", "stack_trees", "unstack_trees"]
@@ -120,7 +121,8 @@ def scan(
             carry, y_i = f(carry, tree_map(lambda l: l[i], xs))
         return carry, stack_trees([y_0, ..., y_{length-1}])
 
-    Works under `grad`, `vmap` and `torch.compile(fullgraph=True)`, where it unrolls.
+    Works under `grad`, `vmap` and `torch.compile(fullgraph=True)`, where it unrolls; rolls inside
+    ember's Inductor trace (module docstring).
 
     Args:
         f: the step function. `carry` keeps the structure, shapes and dtypes of `init`; `y` is any
@@ -132,9 +134,8 @@ def scan(
         reverse: run from the last slice to the first; `ys` stay in the order of `xs`
             (`ys[i]` comes from `xs[i]`), as in `jax.lax.scan`.
         unroll: JAX's loop-unrolling hint (a bool or an int >= 0; JAX's default is 1). It never
-            changes the results, and ember accepts every value JAX does: this scan is a Python
-            loop, so a traced graph always holds every step, as with JAX's `unroll=True`. For a
-            rolled loop of layers, use `remat_scan`.
+            changes the results: `True` or the length or more unrolls every step into the graph,
+            any other value rolls one step per iteration where `scan` rolls.
 
     Returns:
         `(carry, ys)`: the final carry and the `y`s stacked along a new dim 0 (None if `f`
@@ -176,6 +177,10 @@ def scan(
             "scan over 0 steps: the structure of ys is unknown without running `f`; "
             "handle the empty case before calling scan."
         )
+    if _rolls(init, xs, n, unroll):
+        rolled = rolled_scan(f, init, xs, n, reverse)
+        if rolled is not None:
+            return rolled
     init_sig = _signature(init)
     slices = _unstack(xs, n)
     order = range(n - 1, -1, -1) if reverse else range(n)
@@ -187,6 +192,24 @@ def scan(
     if all(y is None for y in ys):
         return carry, None
     return carry, stack_trees(ys, what="scan ys")
+
+
+def _rolls(init: PyTree, xs: PyTree, n: int, unroll: Union[int, bool]) -> bool:
+    """Whether this call runs inside ember's Inductor trace, on plain tensors, rolled (module docstring)."""
+    if unroll is True or unroll >= n or n < 2:
+        return False
+    if not torch.compiler.is_compiling() or torch.compiler.is_dynamo_compiling() or any_transform_active():
+        return False
+    leaves = [t for t in (*tree_flatten(init)[0], *tree_flatten(xs)[0]) if t is not None]
+    return all(isinstance(t, Tensor) and not _is_dtensor(t) and t.device.type != "xla" for t in leaves)
+
+
+def _is_dtensor(t: Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def stack_trees(trees: Sequence[PyTree], *, what: str = "trees", fix: str = "Every tree must match.") -> PyTree:

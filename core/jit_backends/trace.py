@@ -14,7 +14,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from ..compat import patch_enabled
 from ..compat.inductor import compiling_in, data_dependent_errors, fake_mode, trace_fx
+from ..compat.scan import inline_number_inputs
 
 __all__ = ["DataDependentError", "FunctionError", "trace_and_compile"]
 
@@ -43,9 +45,15 @@ def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
     except data_dependent_errors() as err:
         raise DataDependentError(str(err).splitlines()[0][:200]) from err
     _drop_constant_numbers(gm)
+    if patch_enabled("scan_numbers"):
+        inline_number_inputs(gm)
     if compile is None:
         return gm
     with compiling_in(mode):
+        # Real example inputs would be made fake again by AOTAutograd with a symbol per dimension (the mode has
+        # a shape environment): the graph compiled dynamic-shaped, 12% slower steps, and torch's scan lowering
+        # fails on its unbound length. Fakes of this mode with static shapes keep the graph static.
+        inputs = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in inputs]
         return compile(gm, inputs)
 
 

@@ -269,8 +269,8 @@ def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: Stages, stag
     consts = (sources, extras, staged, first_process)
     if place.group is None:
         _, returned = remat_scan(iteration, carry, timetable, consts, policy="none", name="ember.pipeline")
-    else:  # the shift is a collective: the iterations stay in the step's graph (a rolled body runs apart)
-        _, returned = scan(lambda c, now: (iteration(c, now, consts), None), carry, timetable)[0]
+    else:  # the shift is a collective: the iterations stay in the step's graph, unrolled
+        _, returned = scan(lambda c, now: (iteration(c, now, consts), None), carry, timetable, unroll=True)[0]
     returned = tuple(hand_out(r, place) for r in returned)
     return returned[0].reshape(x.shape), (returned[1] if sums is not None else None)
 
