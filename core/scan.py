@@ -8,8 +8,8 @@ still stacks `ys[i]` from `xs[i]`, as JAX does). The typical use is a stack of
 identical layers whose parameters are stored stacked (`stack_trees(per_layer_params)`, each leaf
 with a leading `n_layers` dim), applied by scanning the block over them.
 
-Inside `jit(backend="inductor")`'s trace `scan` rolls: one `while_loop` node runs the step, and its
-gradient is one more walking back, recomputing each step from the carry it started from
+Inside `jit(backend="inductor")`'s trace `scan` rolls: one node of torch's `scan` operator runs the
+step, and its gradient is one more walking back, recomputing each step from the carry it started from
 (`scan_rolled.py`), so compile time does not grow with the length. It rolls on plain tensors outside
 `torch.func` transforms, when the body closes over no tensor that needs a gradient (pass parameters
 through `xs`) and `unroll` is below the length; elsewhere (eagerly, under Dynamo, `vmap`, DTensor,

@@ -23,17 +23,14 @@ from torch.autograd.function import once_differentiable
 
 from .compat.scan import torch_scan
 from .pytree import tree_flatten, tree_unflatten
+from .remat import _differentiable
 from .types import PyTree
 
 __all__ = ["closes_over_gradients", "rolled_scan"]
 
 
-def _floating(t: Tensor) -> bool:
-    return t.is_floating_point() or t.is_complex()
-
-
 def _fresh(t: Tensor) -> Tensor:
-    return t.detach().requires_grad_(True) if _floating(t) else t
+    return t.detach().requires_grad_(True) if _differentiable(t) else t
 
 
 def closes_over_gradients(outputs: Sequence[Tensor], inputs: Sequence[Tensor]) -> bool:
@@ -57,16 +54,14 @@ class _Plan:
     """`f` over flat tensor lists, with the structure and slices a dry run of its first step found."""
 
     def __init__(self, f: Callable, carry_spec: Any, xs_spec: Any, n_carry: int, length: int, reverse: bool,
-                 y_spec: Any, y_meta: List[Optional[Tuple[torch.Size, torch.dtype]]]) -> None:
+                 y_meta: List[Tuple[torch.Size, torch.dtype]]) -> None:
         self.f, self.carry_spec, self.xs_spec, self.n_carry = f, carry_spec, xs_spec, n_carry
-        self.length, self.reverse, self.y_spec, self.y_meta = length, reverse, y_spec, y_meta
+        self.length, self.reverse, self.y_meta = length, reverse, y_meta
 
     def step(self, carry: Sequence[Tensor], x: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
         """One step on flat lists: the new carry's leaves and the y leaves that are tensors."""
-        new, y = self.f(tree_unflatten(list(carry), self.carry_spec),
-                        tree_unflatten(list(x), self.xs_spec) if self.xs_spec is not None else None)
+        new, y = self.f(tree_unflatten(list(carry), self.carry_spec), tree_unflatten(list(x), self.xs_spec))
         return tree_flatten(new)[0], [v for v in tree_flatten(y)[0] if isinstance(v, Tensor)]
-
 
 
 class _Rolled(torch.autograd.Function):
@@ -94,10 +89,11 @@ class _Rolled(torch.autograd.Function):
         n_c = plan.n_carry
         xs, starts = list(saved[:len(saved) - n_c]), list(saved[len(saved) - n_c:])
         g_carry, g_ys = grads[:n_c], grads[n_c:]
-        diff_c = [k for k, c in enumerate(starts) if _floating(c)]
-        diff_x = [k for k, x in enumerate(xs) if _floating(x)]
+        diff_c = [k for k, c in enumerate(starts) if _differentiable(c)]
+        diff_x = [k for k, x in enumerate(xs) if _differentiable(x)]
         diff_y = [k for k, (_, dtype) in enumerate(plan.y_meta) if dtype.is_floating_point or dtype.is_complex]
-        gc0 = [(g_carry[k] if g_carry[k] is not None else torch.zeros_like(starts[k][0])).contiguous() for k in diff_c]
+        gc0 = [(g_carry[k] if g_carry[k] is not None else torch.zeros_like(starts[k][0])).contiguous()
+               for k in diff_c]
         gys = [g_ys[k] if g_ys[k] is not None else torch.zeros((plan.length, *plan.y_meta[k][0]),
                                                                 dtype=plan.y_meta[k][1], device=starts[0].device)
                for k in diff_y]
@@ -127,17 +123,16 @@ class _Rolled(torch.autograd.Function):
 
 def rolled_scan(f: Callable[[PyTree, PyTree], Tuple[PyTree, PyTree]], init: PyTree, xs: PyTree, length: int,
                 reverse: bool) -> Optional[Tuple[PyTree, PyTree]]:
-    """`scan(f, init, xs)` as one `while_loop` each way, or None where it cannot roll (module docstring).
+    """`scan(f, init, xs)` as one `scan` node each way, or None where it cannot roll (module docstring).
     The caller checked `xs` (every leaf a tensor of leading dim `length`) and that ember's trace runs."""
     carry, carry_spec = tree_flatten(init)
-    x_leaves, xs_spec = tree_flatten(xs) if xs is not None else ([], None)
+    x_leaves, xs_spec = tree_flatten(xs)
     if not carry or not x_leaves or not all(isinstance(t, Tensor) for t in (*carry, *x_leaves)):
         return None
     first_c = [_fresh(t) for t in carry]
     first_x = [_fresh(t[length - 1 if reverse else 0]) for t in x_leaves]
     with torch.enable_grad():  # a dry run of one step: the y structure, and what it closes over
-        new, y = f(tree_unflatten(first_c, carry_spec),
-                   tree_unflatten(first_x, xs_spec) if xs_spec is not None else None)
+        new, y = f(tree_unflatten(first_c, carry_spec), tree_unflatten(first_x, xs_spec))
     new_leaves, new_spec = tree_flatten(new)
     y_leaves, y_spec = tree_flatten(y)
     if new_spec != carry_spec or any(not isinstance(a, Tensor) or a.shape != b.shape or a.dtype != b.dtype
@@ -149,7 +144,7 @@ def rolled_scan(f: Callable[[PyTree, PyTree], Tuple[PyTree, PyTree]], init: PyTr
     if torch.is_grad_enabled() and closes_over_gradients(outputs, [*first_c, *first_x]):
         return None
     y_meta = [(v.shape, v.dtype) for v in y_leaves if isinstance(v, Tensor)]
-    plan = _Plan(f, carry_spec, xs_spec, len(carry), length, reverse, y_spec, y_meta)
+    plan = _Plan(f, carry_spec, xs_spec, len(carry), length, reverse, y_meta)
     out = _Rolled.apply(plan, *carry, *x_leaves)
     final, stacked = list(out[:len(carry)]), iter(out[len(carry):])
     ys = [next(stacked) if isinstance(v, Tensor) else v for v in y_leaves]
