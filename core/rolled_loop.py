@@ -1,15 +1,13 @@
-"""Loops that stay one node of ember's Inductor step: `rolled_sum`, and the op under `remat_scan`.
+"""The op under `remat_scan`: a loop that stays one node of ember's Inductor step.
 
-Public names: `rolled_sum` (also exported from `ember.core.transforms`), and `rolling`, which tells
-a caller whether a loop would roll where it stands.
+Public name: `rolling`, which tells a caller whether a loop would roll where it stands.
 
-Inside `jit(backend="inductor")` a Python loop unrolls into the traced graph, and even a shared
-body (`shared_call`) leaves per-iteration glue that AOTAutograd and Inductor pay for. Here the
-loop runs at run time instead: the step's graph holds one `ember::rolled_loop` node, whose
-implementation calls the body, compiled apart by `jit` once for every iteration, on each slice.
-The step's compile time then does not grow with the trip count. On torch_xla the loops are XLA
-`While`s; elsewhere (eagerly, under Dynamo, under `vmap`, with DTensor inputs) the loop is plain
-Python with the same result: with DTensors the step's graph then holds every iteration.
+Inside `jit(backend="inductor")` a Python loop unrolls into the traced graph. Here the loop runs at
+run time instead: the step's graph holds one `ember::rolled_loop` node, whose implementation calls
+the body, compiled apart by `jit` once for every iteration, on each slice. The step's compile time
+then does not grow with the trip count. On torch_xla the loops are XLA `While`s; elsewhere (eagerly,
+under Dynamo, under `vmap`, with DTensor inputs) the loop is plain Python with the same result: with
+DTensors the step's graph then holds every iteration.
 
 The node names its loop by an identifier unique in the process (`<name>#<n>:<digest of its output
 shapes>`, in trace order, so a second process tracing the same step names it alike and Inductor's
@@ -27,15 +25,14 @@ from torch import Tensor
 
 from .compat.functorch import any_transform_active
 from .compat.shared_subgraph import run_untraced, sharing
-from .compat.xla_loop import inside_xla_fold, xla_fold
+from .compat.xla_loop import inside_xla_fold
 from .define_once import define_once
 from .jit_backends.dtensor_local import has_dtensor
 from .jit_backends.traced import compiling_with_fresh_keys
 from .pytree import tree_flatten, tree_unflatten
-from .shared_call import shared_call
 from .types import PyTree
 
-__all__ = ["rolled_sum", "rolling"]
+__all__ = ["rolling"]
 
 Meta = Tuple[Tuple[int, ...], Tuple[int, ...], torch.dtype, torch.device]  # shape, stride, dtype, device
 
@@ -198,59 +195,3 @@ class Compiled:
 
             self.jitted = jit(self.fn, backend="inductor", **self.options)
         return self.jitted(*args)
-
-
-def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTree, *,
-               name: str = "ember.rolled_sum") -> PyTree:
-    """`sum(fn(consts, x) for x in slices of xs along dim 0)`, leaf by leaf; a loop that rolls.
-
-    In `jit(backend="inductor")` the sum runs as one `ember::rolled_loop` node: `fn` is compiled
-    once apart from the step, and its results are accumulated in place (donated). On torch_xla the
-    first slice is added to the rest by one XLA `While`. Elsewhere it is a Python loop whose calls
-    are `shared_call`s (plain calls with DTensor arguments). Non-tensor leaves of `fn`'s result (a
-    `None`) must be the same every call.
-
-    Args:
-        fn: a pure function of `(consts, x)` returning a pytree of tensors.
-        consts: what every call sees (parameters).
-        xs: pytrees of tensors sliced along their leading dim (microbatches, their keys).
-        name: names the loop in the graph.
-    """
-    xs_flat = Flat(xs)
-    length = xs_flat.tensors[0].shape[0]
-    if not rolling((consts, xs)):
-        total = shared_call(fn, name, consts, xs_flat.rebuild([t[0] for t in xs_flat.tensors]))
-        if xla_loop_possible(xs_flat.tensors):
-            rest = xs_flat.rebuild([t[1:] for t in xs_flat.tensors])
-            folded = xla_fold(lambda acc, x: _add(acc, fn(consts, x)), total, rest)
-            if folded is not None:
-                return folded
-        for i in range(1, length):
-            total = _add(total, shared_call(fn, name, consts, xs_flat.rebuild([t[i] for t in xs_flat.tensors])))
-        return total
-    consts_flat = Flat(consts)
-    example = Flat(run_untraced(fn, consts, xs_flat.rebuild([t[0] for t in xs_flat.tensors])))
-
-    def add(acc: List[Tensor], c: List[Tensor], x: List[Tensor]) -> Tuple[List[Tensor]]:
-        out = Flat(fn(consts_flat.rebuild(c), xs_flat.rebuild(x))).tensors
-        return ([a + b.to(a.dtype) for a, b in zip(acc, out)],)
-
-    body = Compiled(add, donate="state")  # the accumulators are updated in place
-
-    def run(inputs: List[Tensor]) -> List[Tensor]:
-        c, x = inputs[: len(consts_flat.tensors)], inputs[len(consts_flat.tensors):]
-        acc = [torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
-               for shape, stride, dtype, device in outputs]
-        for i in range(length):
-            (acc,) = body(acc, c, [t[i] for t in x])
-        return acc
-
-    outputs = [meta(t) for t in example.tensors]
-    results = run_loop(name, run, [*consts_flat.tensors, *xs_flat.tensors], outputs)
-    return example.rebuild(results)
-
-
-def _add(total: PyTree, new: PyTree) -> PyTree:
-    leaves, spec = tree_flatten(total)
-    added = tree_flatten(new)[0]
-    return tree_unflatten([a + b if isinstance(a, Tensor) else a for a, b in zip(leaves, added)], spec)

@@ -1,6 +1,7 @@
 """Loops over the leading dimension of pytrees: `scan`, and stacking trees into one.
 
-Public names: `scan`, `stack_trees`, `unstack_trees` (also exported from `ember.core.transforms`).
+Public names: `scan`, `rolled_sum`, `stack_trees`, `unstack_trees` (also exported from
+`ember.core.transforms`).
 
 `scan(f, init, xs)` is `jax.lax.scan`: it threads a carry through `f(carry, x) -> (carry, y)`
 for each slice `x` of `xs` along dim 0 and stacks the `y`s (`reverse=True` walks from the end and
@@ -35,11 +36,12 @@ import torch
 from torch import Tensor
 
 from .compat.functorch import any_transform_active
-from .pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from .compat.xla_loop import inside_xla_fold, xla_fold
+from .pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map, tree_unflatten
 from .scan_rolled import rolled_scan
 from .types import PyTree
 
-__all__ = ["scan", "stack_trees", "unstack_trees"]
+__all__ = ["rolled_sum", "scan", "stack_trees", "unstack_trees"]
 
 
 def _leading_dim(tree: PyTree, *, what: str) -> Optional[int]:
@@ -178,7 +180,7 @@ def scan(
             "handle the empty case before calling scan."
         )
     if _rolls(init, xs, n, unroll):
-        rolled = rolled_scan(f, init, xs, n, reverse)
+        rolled = rolled_scan(lambda c, x, _: f(c, x), init, xs, n, reverse)
         if rolled is not None:
             return rolled
     init_sig = _signature(init)
@@ -210,6 +212,53 @@ def _is_dtensor(t: Tensor) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
+
+
+def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTree, *,
+               name: str = "ember.rolled_sum") -> PyTree:
+    """`sum(fn(consts, x) for x in slices of xs along dim 0)`, leaf by leaf: a `scan` whose carry is the sum.
+
+    Where `scan` rolls (ember's Inductor step) the sum starts from zeros and the step's graph holds
+    `fn` once, whatever the length; on torch_xla the first slice is added to the rest by one XLA
+    `While`; elsewhere the first slice's result is added to the rest's one by one. Non-tensor leaves of
+    `fn`'s result (a `None`) must be the same every call.
+
+    Args:
+        fn: a pure function of `(consts, x)` returning a pytree of tensors.
+        consts: what every call sees (parameters).
+        xs: pytrees of tensors sliced along their leading dim (microbatches, their keys).
+        name: kept for callers that named the loop; the sum is a `scan` node of the step's graph.
+
+    Example:
+        >>> import torch
+        >>> from ember.core.transforms import rolled_sum
+        >>> rolled_sum(lambda w, x: {"y": w * x}, torch.tensor(2.0), torch.arange(4.0))["y"].item()
+        12.0
+    """
+    del name
+    n = _leading_dim(xs, what="xs")
+    if n is None:
+        raise ValueError("rolled_sum: `xs` has no tensor leaves: give it the slices to sum over.")
+    first = fn(consts, tree_map(lambda t: t if t is None else t[0], xs))
+    add = lambda total, x: (_add(total, fn(consts, x)), None)  # noqa: E731
+    tensors = [t for t in (*tree_flatten(consts)[0], *tree_flatten(xs)[0]) if isinstance(t, Tensor)]
+    if n > 1 and _rolls(tensors, xs, n, 1):  # `first` only gives the shapes: dead code in the graph
+        return scan(add, tree_map(lambda t: torch.zeros_like(t) if isinstance(t, Tensor) else t, first), xs)[0]
+    if n == 1:
+        return first
+    rest = tree_map(lambda t: t if t is None else t[1:], xs)
+    if (all(t.device.type == "xla" and not _is_dtensor(t) for t in tensors) and not any_transform_active()
+            and not inside_xla_fold()):
+        folded = xla_fold(lambda total, x: _add(total, fn(consts, x)), first, rest)
+        if folded is not None:
+            return folded
+    return scan(add, first, rest, unroll=True)[0]
+
+
+def _add(total: PyTree, new: PyTree) -> PyTree:
+    leaves, spec = tree_flatten(total)
+    added = tree_flatten(new)[0]
+    return tree_unflatten([a + b if isinstance(a, Tensor) else a for a, b in zip(leaves, added)], spec)
 
 
 def stack_trees(trees: Sequence[PyTree], *, what: str = "trees", fix: str = "Every tree must match.") -> PyTree:

@@ -12,7 +12,7 @@ inside a `torch.func` transform (`vmap`, `jvp`, `torch.func.grad`) or under Dyna
 `torch.func.grad`, which composes there. `remat` lives in `ember.core.remat` (its
 policies and `checkpoint_name` in `ember.core.remat_policies`),
 `scan` / `stack_trees` / `unstack_trees` in `ember.core.scan`, `shared_call` in
-`ember.core.shared_call`, `rolled_sum` in `ember.core.rolled_loop`, `remat_scan` in
+`ember.core.shared_call`, `rolled_sum` in `ember.core.scan`, `remat_scan` in
 `ember.core.remat_scan`; import all of them from here.
 
 Every transform traces whole under `torch.compile(fullgraph=True)`: the checks look only at the
@@ -43,7 +43,7 @@ from .pytree import tree_leaves, tree_leaves_with_path
 from .remat import remat as remat
 from .remat_policies import checkpoint_name as checkpoint_name
 from .remat_scan import remat_scan as remat_scan
-from .rolled_loop import rolled_sum as rolled_sum
+from .scan import rolled_sum as rolled_sum
 from .scan import scan as scan
 from .scan import stack_trees as stack_trees
 from .scan import unstack_trees as unstack_trees

@@ -3,7 +3,8 @@
 `torch_scan` is torch's loop operator (`torch._higher_order_ops.scan`, private since it came,
 pytorch/pytorch#135603 and its stack). Called outside Dynamo it traces its body with Dynamo and records
 one `scan` node whose body is a subgraph; Inductor lowers it to a loop that writes each step's outputs
-into buffers preallocated for every step.
+into buffers preallocated for every step. A body Dynamo cannot capture whole (a Python side effect, a
+graph break) raises `BodyNotTraceable`: the caller runs the Python loop instead.
 
 Tracing a body that differentiates (`torch.func.vjp` inside it) lifts Python numbers (sizes) into the
 node's additional inputs, and Inductor's lowering (a `while_loop`) reads every input as a graph node:
@@ -18,7 +19,11 @@ from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-__all__ = ["inline_number_inputs", "torch_scan"]
+__all__ = ["BodyNotTraceable", "inline_number_inputs", "torch_scan"]
+
+
+class BodyNotTraceable(RuntimeError):
+    """torch's `scan` could not trace the body whole (Dynamo's reason in the message)."""
 
 
 def torch_scan(step: Callable[[List[torch.Tensor], List[torch.Tensor]], Tuple[List[torch.Tensor], List[torch.Tensor]]],
@@ -26,10 +31,19 @@ def torch_scan(step: Callable[[List[torch.Tensor], List[torch.Tensor]], Tuple[Li
                ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
     """`step(carry, x) -> (carry, ys)` over dim 0 of `xs` (flat lists; `xs` not empty): torch's operator,
     one node of a traced graph. `ys[i]` comes from `xs[i]`, also with `reverse`."""
+    from torch._dynamo.exc import Unsupported, UncapturedHigherOrderOpError
     from torch._higher_order_ops.scan import scan
 
-    carry, ys = scan(step, list(init), list(xs), reverse=reverse)
+    try:
+        carry, ys = scan(step, list(init), list(xs), reverse=reverse)
+    except (Unsupported, UncapturedHigherOrderOpError) as err:  # a Python side effect, a graph break
+        raise BodyNotTraceable(str(err).strip().splitlines()[0] + " " + _first_line(err, "Explanation:")) from err
     return list(carry), list(ys)
+
+
+def _first_line(err: Exception, prefix: str) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip().startswith(prefix)]
+    return lines[0] if lines else ""
 
 
 def _scan_op() -> object:

@@ -17,7 +17,7 @@ from torch import Tensor
 from ..partition_specs.sharding import batch_axes, constrain
 from ..pytree import keystr, tree_flatten_with_path, tree_map, tree_unflatten
 from ..random import fold_in
-from ..rolled_loop import rolled_sum
+from ..scan import rolled_sum
 from ..transforms import value_and_grad
 from ..tree_math import tree_cast, tree_scale
 from ..types import Batch, Key, Metrics, Params
@@ -139,9 +139,9 @@ def train_step(
     gradients are summed over the chunks (and, on a mesh, over data-parallel ranks) and divided
     once by the total count, so the step is the same for any `m`. A mean loss becomes the mean of
     the chunk means (the full batch's only when every chunk has the same weight). Aux metrics are
-    averaged over the chunks. Under `jit(backend="inductor")` the chunks are one rolled loop whose
-    body is compiled once, apart from the step, and accumulates in place (`rolled_sum`); on torch_xla
-    chunks 2..m are one `While`. Compile time does not grow with `m`.
+    averaged over the chunks. Under `jit(backend="inductor")` the chunks are one `scan` node whose
+    carry is the sum (`rolled_sum`); on torch_xla chunks 2..m are one `While`. Compile time does not
+    grow with `m`.
 
     With `compute_dtype` (e.g. `torch.bfloat16`), floating params and floating batch leaves are
     cast to it for the forward and backward pass; master params stay in their own dtype and
@@ -231,9 +231,8 @@ def train_step(
         batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
         if microbatches == 1:  # the batch's own mean (token-weighted for a TokenLoss) is the answer
             return loss_and_grads(params, batch, step_key)
-        # One loop (`rolled_sum`): under jit(backend="inductor") one node whose body is compiled
-        # once apart from the step; on DTensor a Python loop (traced per microbatch); on XLA
-        # microbatches 2..k are one While.
+        # One loop (`rolled_sum`): under jit(backend="inductor") one `scan` node; on DTensor a Python
+        # loop (traced per microbatch); on XLA microbatches 2..k are one While.
         keys = None
         if step_key is not None:
             keys = torch.stack([fold_in(step_key, i) for i in range(microbatches)])

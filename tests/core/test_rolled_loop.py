@@ -1,37 +1,15 @@
-"""Rolled loops (`rolled_sum`, `remat_scan`): one node of the compiled step, a body compiled once, the plain results."""
+"""`remat_scan`'s rolled loops: one node of the compiled step, a body compiled once, the plain results."""
 
 import pytest
 import torch
 
 from ember.core import jit
 from ember.core.rolled_loop import _REGISTRY
-from ember.core.transforms import grad, remat, rolled_sum, remat_scan, scan, value_and_grad, vmap
+from ember.core.transforms import grad, remat, remat_scan, scan, value_and_grad, vmap
 
 
 def _loops(prefix):
     return [k for k in _REGISTRY.loops if k.startswith(prefix + "#")]
-
-
-def test_rolled_sum_compiles_its_body_once_whatever_the_length():
-    traced = []
-
-    def contribution(w, x):
-        traced.append(1)
-        return {"sq": (x @ w).pow(2).sum(0), "n": torch.ones(()), "none": None}
-
-    w = torch.randn(3, 2)
-    for length in (3, 9):
-        xs = torch.randn(length, 4, 3)
-        want = {"sq": sum((x @ w).pow(2).sum(0) for x in xs), "n": torch.tensor(float(length)), "none": None}
-        before = len(_loops("test.sum"))
-        traced.clear()
-        got = jit(lambda w, xs: rolled_sum(contribution, w, xs, name="test.sum"))(w, xs)
-        assert len(traced) == 2  # once for the output shapes, once compiled; never per slice
-        assert len(_loops("test.sum")) == before + 1
-        torch.testing.assert_close(got["sq"], want["sq"])
-        assert float(got["n"]) == length and got["none"] is None
-        eager = rolled_sum(contribution, w, xs)  # outside ember's trace: a Python loop
-        torch.testing.assert_close(eager["sq"], want["sq"])
 
 
 def _layer(h, x, consts):

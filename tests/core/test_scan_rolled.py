@@ -9,7 +9,7 @@ import torch
 from ember.core import jit
 from ember.core.compat import measured_here
 from ember.core.jit_backends.trace import trace_and_compile
-from ember.core.transforms import grad, scan, value_and_grad
+from ember.core.transforms import grad, rolled_sum, scan, value_and_grad
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -112,3 +112,78 @@ def test_scan_numbers_patch_is_needed(monkeypatch):
     monkeypatch.setenv("EMBER_DISABLE_PATCHES", "scan_numbers")
     with pytest.raises(Exception, match="meta|FakeTensorUpdater"):
         compile_both()
+
+
+def test_rolled_sum_is_one_scan_node_at_any_length_with_the_python_loops_sum():
+    def contribution(w, x):  # a microbatch's loss and gradients, as train_step sums them
+        loss, g = value_and_grad(lambda w: torch.tanh(x @ w).pow(2).sum())(w)
+        return {"g": g, "loss": loss, "n": torch.ones((), dtype=torch.int64), "none": None}
+
+    w = torch.randn(3, 2)
+    for length in (3, 9):
+        xs = torch.randn(length, 4, 3)
+        want = rolled_sum(contribution, w, xs)  # outside ember's trace: the first slice's, then the rest's
+        assert _loops_in(trace_and_compile(lambda w, xs: rolled_sum(contribution, w, xs)["g"], (w, xs))) == 1
+        got = jit(lambda w, xs: rolled_sum(contribution, w, xs))(w, xs)
+        torch.testing.assert_close(got["g"], want["g"], **TOL)
+        torch.testing.assert_close(got["loss"], want["loss"], **TOL)
+        assert int(got["n"]) == length and got["none"] is None
+        torch.testing.assert_close(want["g"], sum(grad(lambda w: torch.tanh(x @ w).pow(2).sum())(w) for x in xs), **TOL)
+
+
+def test_train_steps_microbatches_are_one_scan_node_whatever_their_number():
+    from ember import optim
+    from ember.core import TrainState, random
+    from ember.core.step_fns import train_step
+
+    def loss_fn(params, batch, *, key):
+        return ((batch["x"] @ params["w"] - batch["y"]) ** 2).mean()
+
+    batch = {"x": torch.randn(8, 3), "y": torch.randn(8, 2)}
+    state = TrainState.create(params={"w": torch.randn(3, 2)}, tx=optim.sgd(0.1), key=random.key(0))
+    for k in (2, 8):
+        step = train_step(loss_fn, microbatches=k)
+        traced = trace_and_compile(lambda w, x, y: step(state.replace(params={"w": w}), {"x": x, "y": y})[1]["loss"],
+                                   (state.params["w"], batch["x"], batch["y"]))
+        assert _loops_in(traced) == 1
+        want_state, want = step(state, batch)
+        got_state, got = jit(step)(state, batch)
+        torch.testing.assert_close(got["loss"], want["loss"], **TOL)
+        torch.testing.assert_close(got_state.params["w"], want_state.params["w"], **TOL)
+
+
+def test_a_body_with_a_python_side_effect_runs_unrolled_with_a_warning():
+    calls = []
+
+    def step(h, x):
+        calls.append(1)  # torch's scan cannot trace this: the Python loop runs instead
+        return _layer(h, x), None
+
+    xs, h0 = _stack(4), torch.randn(2, 8)
+    want = scan(step, h0, xs)[0]
+    with pytest.warns(RuntimeWarning, match="cannot roll.*pure"):
+        got = jit(lambda xs, h: scan(step, h, xs)[0])(xs, h0)
+    torch.testing.assert_close(got, want, **TOL)
+
+
+def test_consts_that_need_gradients_roll_as_explicit_inputs_with_summed_gradients():
+    from ember.core.scan_rolled import rolled_scan
+
+    def layer(h, x, consts):
+        return torch.tanh(h @ x["w"] + x["b"]) * consts["scale"] + h, None
+
+    def loss(xs, h0, scale, rolled):
+        consts = {"scale": scale, "flag": True}
+        if rolled:
+            out = rolled_scan(layer, h0, xs, len(xs["w"]), False, consts)
+            assert out is not None  # a closure over `scale` would not roll: as an explicit input it does
+            return out[0].pow(2).sum()
+        return scan(lambda h, x: layer(h, x, consts), h0, xs)[0].pow(2).sum()
+
+    xs, h0, scale = _stack(5), torch.randn(3, 8), torch.tensor(0.7)
+    want = value_and_grad(lambda *a: loss(*a, rolled=False), argnums=(0, 1, 2))(xs, h0, scale)
+    traced = trace_and_compile(lambda w, b, h, s: value_and_grad(lambda *a: loss(*a, rolled=True), argnums=(0, 1, 2))(
+        {"w": w, "b": b}, h, s)[1][2], (xs["w"], xs["b"], h0, scale))
+    assert _loops_in(traced) == 2
+    got = jit(value_and_grad(lambda *a: loss(*a, rolled=True), argnums=(0, 1, 2)))(xs, h0, scale)
+    torch.testing.assert_close(got, want, **TOL)
