@@ -29,8 +29,8 @@ from .jit_backends.trace import FunctionError
 from .pytree import tree_flatten
 from .remat import _differentiable, remat
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, remat_policy, unflatten_saved
-from .rolled_loop import Compiled, Flat, meta, new_stacked, rolling, run_loop, xla_loop_possible
-from .scan import scan
+from .rolled_loop import Compiled, Flat, meta, new_stacked, rolling, run_loop
+from .scan import scan, xla_loop_possible
 from .types import PyTree
 
 __all__ = ["remat_scan"]

@@ -23,9 +23,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .compat.functorch import any_transform_active
-from .compat.shared_subgraph import run_untraced, sharing
-from .compat.xla_loop import inside_xla_fold
+from .compat.shared_subgraph import sharing
 from .define_once import define_once
 from .jit_backends.dtensor_local import has_dtensor
 from .jit_backends.traced import compiling_with_fresh_keys
@@ -93,13 +91,6 @@ def _define_op() -> _Registry:
 
 
 _REGISTRY = define_once("rolled_loop", _define_op)  # one registry, however often ember is imported
-
-
-def xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
-    """Whether a loop over `tensors` can be an XLA `While` here: all on torch_xla, no DTensor, under
-    no `torch.func` transform, and not inside another XLA loop's body."""
-    return (bool(tensors) and all(t.device.type == "xla" for t in tensors) and not has_dtensor(list(tensors))
-            and not any_transform_active() and not inside_xla_fold())
 
 
 def rolling(tree: PyTree) -> bool:

@@ -41,7 +41,7 @@ from .pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map, tree
 from .scan_rolled import rolled_scan
 from .types import PyTree
 
-__all__ = ["rolled_sum", "scan", "stack_trees", "unstack_trees"]
+__all__ = ["rolled_sum", "scan", "stack_trees", "unstack_trees", "xla_loop_possible"]
 
 
 def _leading_dim(tree: PyTree, *, what: str) -> Optional[int]:
@@ -214,8 +214,14 @@ def _is_dtensor(t: Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
-def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTree, *,
-               name: str = "ember.rolled_sum") -> PyTree:
+def xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
+    """Whether a loop over `tensors` can be an XLA `While` here: all on torch_xla, no DTensor, under
+    no `torch.func` transform, and not inside another XLA loop's body."""
+    return (bool(tensors) and all(t.device.type == "xla" and not _is_dtensor(t) for t in tensors)
+            and not any_transform_active() and not inside_xla_fold())
+
+
+def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTree) -> PyTree:
     """`sum(fn(consts, x) for x in slices of xs along dim 0)`, leaf by leaf: a `scan` whose carry is the sum.
 
     Where `scan` rolls (ember's Inductor step) the sum starts from zeros and the step's graph holds
@@ -227,7 +233,6 @@ def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTre
         fn: a pure function of `(consts, x)` returning a pytree of tensors.
         consts: what every call sees (parameters).
         xs: pytrees of tensors sliced along their leading dim (microbatches, their keys).
-        name: kept for callers that named the loop; the sum is a `scan` node of the step's graph.
 
     Example:
         >>> import torch
@@ -235,7 +240,6 @@ def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTre
         >>> rolled_sum(lambda w, x: {"y": w * x}, torch.tensor(2.0), torch.arange(4.0))["y"].item()
         12.0
     """
-    del name
     n = _leading_dim(xs, what="xs")
     if n is None:
         raise ValueError("rolled_sum: `xs` has no tensor leaves: give it the slices to sum over.")
@@ -247,9 +251,8 @@ def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTre
     if n == 1:
         return first
     rest = tree_map(lambda t: t if t is None else t[1:], xs)
-    if (all(t.device.type == "xla" and not _is_dtensor(t) for t in tensors) and not any_transform_active()
-            and not inside_xla_fold()):
-        folded = xla_fold(lambda total, x: _add(total, fn(consts, x)), first, rest)
+    if xla_loop_possible(tensors):
+        folded = xla_fold(lambda total, x: add(total, x)[0], first, rest)
         if folded is not None:
             return folded
     return scan(add, first, rest, unroll=True)[0]

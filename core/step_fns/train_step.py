@@ -237,8 +237,7 @@ def train_step(
         if step_key is not None:
             keys = torch.stack([fold_in(step_key, i) for i in range(microbatches)])
         grads, value, count, aux = rolled_sum(lambda p, x: microbatch(p, *x), params,
-                                              (_stack_microbatches(batch, microbatches), keys),
-                                              name="ember.train_step.microbatches")
+                                              (_stack_microbatches(batch, microbatches), keys))
         return _normalise(grads, value, count, aux, microbatches)
 
     def step(state: Any, batch: Batch) -> Tuple[Any, Metrics]:
