@@ -74,10 +74,9 @@ def test_readme_in_a_script_snippet_under_torchrun(tmp_path):
               + "import math\n"
               + "assert all(math.isfinite(float(v.full_tensor())) for v in metrics.values()), metrics\n"
               + "print('SNIPPET_OK')\n"
-              # every rank arrives, then the group closes before exit (as launch/sharded.py's teardown): a
-              # rank that tore gloo down while a peer still held its end once died in "terminate called
-              # without an active exception" after SNIPPET_OK
-              + "import torch.distributed as dist\ndist.barrier()\ndist.destroy_process_group()\n")
+              # the launcher's teardown: every rank arrives, then the group closes before exit (a rank that
+              # tore gloo down while a peer still held its end once died after SNIPPET_OK)
+              + "from ember.launch.sharded import teardown\nteardown(finished=True)\n")
     (tmp_path / "snippet.py").write_text(script)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(tmp_path / "snippet.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path,
