@@ -30,7 +30,8 @@ from .pytree import tree_flatten
 from .remat import _differentiable, remat
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, remat_policy, unflatten_saved
 from .rolled_loop import Compiled, Flat, meta, new_stacked, rolling, run_loop
-from .scan import scan, xla_loop_possible
+from .scan import rolls_in_the_graph, scan, xla_loop_possible
+from .scan_rolled import rolled_scan
 from .types import PyTree
 
 __all__ = ["remat_scan"]
@@ -349,10 +350,15 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
     # dots_saveable); the others run unrolled there.
     all_tensors = [*carry_flat.tensors, *xs_flat.tensors, *consts_flat.tensors]
     on_xla = not chosen.saves_anything and xla_loop_possible(all_tensors)
+    length = xs_flat.tensors[0].shape[0]
+    if not chosen.saves_anything and not on_xla and rolls_in_the_graph(carry, xs, length):
+        # keeping nothing is what the scan node's backward does: it recomputes each step from its carry
+        rolled = rolled_scan(lambda c, x, k: (fn(c, x, k), None), carry, xs, length, False, consts)
+        if rolled is not None:
+            return rolled[0]
     if not (on_xla or rolling((carry, xs, consts))):
         step = remat(lambda c, x, k: fn(c, x, k), policy=policy, shared=True)
         return scan(lambda c, x: (step(c, x, consts), None), carry, xs, unroll=True)[0]  # each layer's remat
-    length = xs_flat.tensors[0].shape[0]
     plan = _Plan(fn, carry_flat, xs_flat, consts_flat, length, chosen, name, on_xla,
                  differentiated=_needs_grad(all_tensors))
     out = _run(plan, all_tensors)

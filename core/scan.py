@@ -41,7 +41,7 @@ from .pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map, tree
 from .scan_rolled import rolled_scan
 from .types import PyTree
 
-__all__ = ["rolled_sum", "scan", "stack_trees", "unstack_trees", "xla_loop_possible"]
+__all__ = ["rolled_sum", "rolls_in_the_graph", "scan", "stack_trees", "unstack_trees", "xla_loop_possible"]
 
 
 def _leading_dim(tree: PyTree, *, what: str) -> Optional[int]:
@@ -179,7 +179,7 @@ def scan(
             "scan over 0 steps: the structure of ys is unknown without running `f`; "
             "handle the empty case before calling scan."
         )
-    if _rolls(init, xs, n, unroll):
+    if rolls_in_the_graph(init, xs, n, unroll):
         rolled = rolled_scan(lambda c, x, _: f(c, x), init, xs, n, reverse)
         if rolled is not None:
             return rolled
@@ -196,7 +196,7 @@ def scan(
     return carry, stack_trees(ys, what="scan ys")
 
 
-def _rolls(init: PyTree, xs: PyTree, n: int, unroll: Union[int, bool]) -> bool:
+def rolls_in_the_graph(init: PyTree, xs: PyTree, n: int, unroll: Union[int, bool] = False) -> bool:
     """Whether this call runs inside ember's Inductor trace, on plain tensors, rolled (module docstring)."""
     if unroll is True or unroll >= n or n < 2:
         return False
@@ -246,7 +246,7 @@ def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTre
     first = fn(consts, tree_map(lambda t: t if t is None else t[0], xs))
     add = lambda total, x: (_add(total, fn(consts, x)), None)  # noqa: E731
     tensors = [t for t in (*tree_flatten(consts)[0], *tree_flatten(xs)[0]) if isinstance(t, Tensor)]
-    if n > 1 and _rolls(tensors, xs, n, 1):  # `first` only gives the shapes: dead code in the graph
+    if n > 1 and rolls_in_the_graph(tensors, xs, n, 1):  # `first` only gives the shapes: dead code in the graph
         return scan(add, tree_map(lambda t: torch.zeros_like(t) if isinstance(t, Tensor) else t, first), xs)[0]
     if n == 1:
         return first

@@ -135,8 +135,9 @@ class _Rolled(torch.autograd.Function):
         diff_x = [k for k, x in enumerate(xs) if _differentiable(x) and ctx.needs_input_grad[1 + n_c + k]]
         diff_k = [k for k, c in enumerate(consts) if _differentiable(c) and ctx.needs_input_grad[1 + n_c + n_x + k]]
         diff_y = [k for k, (_, dtype) in enumerate(plan.y_meta) if dtype.is_floating_point or dtype.is_complex]
-        gc0 = [(g_carry[k] if g_carry[k] is not None else torch.zeros_like(starts[k][0])).contiguous()
-               for k in diff_c]
+        # copies: cotangents may be views of one tensor (the expanded ones of a sum), a loop's carries may not
+        gc0 = [(g_carry[k] if g_carry[k] is not None else torch.zeros_like(starts[k][0])).clone(
+            memory_format=torch.contiguous_format) for k in diff_c]
         gys = [g_ys[k] if g_ys[k] is not None else torch.zeros((plan.length, *plan.y_meta[k][0]),
                                                                 dtype=plan.y_meta[k][1], device=starts[0].device)
                for k in diff_y]
@@ -160,7 +161,9 @@ class _Rolled(torch.autograd.Function):
             pulled = pull((*gc, *gy))
             summed = [a + b for a, b in zip(gk, pulled[n_d + n_dx:])]
             # torch 2.9's Inductor fails on a backward loop without ys ("getitem is not an OpOverload"): one 0-d y
-            return [t.clone() for t in pulled[:n_d]] + summed, list(pulled[n_d:n_d + n_dx]) or [c[0].new_zeros(())]
+            # fresh outputs: a cotangent the vjp passes through unchanged may not leave the loop as its input
+            return ([t.clone() for t in pulled[:n_d]] + summed,
+                    [t.clone() for t in pulled[n_d:n_d + n_dx]] or [c[0].new_zeros(())])
 
         # the forward's steps, last first: a forward scan's backward runs reversed, a reversed one's forward
         init = _distinct([*gc0, *(torch.zeros_like(consts[k]) for k in diff_k)])

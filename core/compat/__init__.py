@@ -157,12 +157,11 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     # Its gate is orbax's release (0.12.8 in every venv), not torch's: on for all of ember's range.
     Workaround("orbax_pending_reads", "patch", "https://github.com/google/orbax/issues/481",
                _TESTED_RANGE, ("2.9", "2.15"), "tests/core/test_compat_orbax_loop.py"),
-    # Inductor lowers torch's `scan` to a `while_loop` whose lowering reads Python numbers among its inputs
-    # as graph nodes; a body that differentiates lifts sizes so (2.9 and 2.15: "'int' object has no attribute
-    # 'meta'"; 2.13 fails in its fake-tensor updater instead).
-    Workaround("scan_numbers", "patch", "https://github.com/pytorch/pytorch/issues/166525",
-               _TESTED_RANGE, ("2.9", "2.13", "2.15"),
-               "tests/core/test_scan_rolled.py::test_scan_numbers_patch_is_needed"),
+    # Inductor copies a `while_loop`'s aliased carried inputs (a carry whose leaves start as one tensor)
+    # with an unrealized clone, then reads its strides: "NotImplementedError: Pointwise" on 2.9; 2.10 on
+    # realize the copy (pytorch/pytorch#164955).
+    Workaround("while_loop_aliased_carries", "patch", "https://github.com/pytorch/pytorch/pull/164955",
+               ("2.9", "2.9"), ("2.9", "2.10", "2.13", "2.15"), "tests/core/test_compat_inductor_while_loop.py"),
     Workaround("jax_backend_state", "access", "https://github.com/jax-ml/jax/issues/18237",
                _TESTED_RANGE, _MEASURED, "tests/core/test_checkpoint_mesh.py"),
 )}

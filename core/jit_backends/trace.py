@@ -14,9 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..compat import patch_enabled
 from ..compat.inductor import compiling_in, data_dependent_errors, fake_mode, trace_fx
-from ..compat.scan import inline_number_inputs
 
 __all__ = ["DataDependentError", "FunctionError", "trace_and_compile"]
 
@@ -45,8 +43,6 @@ def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
     except data_dependent_errors() as err:
         raise DataDependentError(str(err).splitlines()[0][:200]) from err
     _drop_constant_numbers(gm)
-    if patch_enabled("scan_numbers"):
-        inline_number_inputs(gm)
     if compile is None:
         return gm
     with compiling_in(mode):

@@ -58,8 +58,9 @@ RouterStats = Dict[str, Tensor]
 """Sums over tokens and MoE layers, all float32: `counts` (E,) routed pairs per expert, `probs` (E,)
 router probabilities per expert, `rows` tokens routed, `z` squared log-sum-exp of the logits,
 `pairs` (token, expert) pairs, `dropped` pairs that found their expert full, `max_load` the busiest
-expert's load over the mean (the maximum over layers; under `pp`, over microbatches too), `bias` the
-zero-valued bias signal."""
+expert's load over the mean (the maximum over layers; under `pp`, over microbatches too), and with an
+expert bias `bias`, the zero-valued bias signal (without one no stat stays constant through the layers:
+Inductor folds such a carry into its loop's input, pytorch/pytorch#146213)."""
 
 DROPLESS = ("grouped", "padded")
 _BUFFER_BY_GROUP = ("batch", None, None, "embed")  # (G, E, C, d) as the tokens arrive: split by sequence
@@ -86,11 +87,12 @@ def _real_tokens(kwargs: Dict[str, Any]) -> Optional[Tensor]:
     return valid
 
 
-def empty_router_stats(n_experts: int, device: Any = None) -> RouterStats:
-    """Zero stats for a model's first layer (the carry's start)."""
+def empty_router_stats(n_experts: int, device: Any = None, *, expert_bias: bool = False) -> RouterStats:
+    """Zero stats for a model's first layer (the carry's start); `bias` only for routers with an expert bias."""
     zero = torch.zeros((), device=device)
-    return {"counts": torch.zeros(n_experts, device=device), "probs": torch.zeros(n_experts, device=device),
-            "rows": zero, "z": zero, "pairs": zero, "dropped": zero, "max_load": zero, "bias": zero}
+    stats = {"counts": torch.zeros(n_experts, device=device), "probs": torch.zeros(n_experts, device=device),
+             "rows": zero, "z": zero, "pairs": zero, "dropped": zero, "max_load": zero}
+    return dict(stats, bias=zero) if expert_bias else stats
 
 
 def add_router_stats(total: RouterStats, layer: RouterStats) -> RouterStats:
@@ -267,7 +269,6 @@ class MoE(Module):
             "pairs": w.sum() * k,
             "dropped": dropped,
             "max_load": (load.max() / load.mean().clamp(min=1e-9)).detach(),
-            "bias": torch.zeros((), device=w.device),
         }
         bias = params["router"].get("expert_bias")
         if bias is not None:

@@ -121,7 +121,7 @@ class MoEDecoder(Llama3):
         return expert_balance(self.config.expert_bias_update_rate) if self.config.expert_bias else None
 
     def carry(self, x: Tensor) -> Tuple[Tensor, RouterStats]:
-        return x, empty_router_stats(self.config.n_experts, device=x.device)
+        return x, empty_router_stats(self.config.n_experts, device=x.device, expert_bias=self.config.expert_bias)
 
     def uncarry(self, carry: Tuple[Tensor, RouterStats]) -> Tuple[Tensor, RouterStats]:
         return carry
@@ -136,4 +136,5 @@ class MoEDecoder(Llama3):
         c = self.config
         aux, z, metrics = router_losses(stats, c.n_experts)
         weight = tokens.detach().to(torch.float32)
-        return weight * (c.router_aux_loss_coef * aux + c.router_z_loss_coef * z) + stats["bias"], metrics
+        addend = weight * (c.router_aux_loss_coef * aux + c.router_z_loss_coef * z)
+        return (addend + stats["bias"] if "bias" in stats else addend), metrics

@@ -1,7 +1,10 @@
-"""`remat_scan`'s rolled loops: one node of the compiled step, a body compiled once, the plain results."""
+"""`remat_scan`'s rolled loops: one node of the compiled step each way, a body compiled once, the plain
+results. Policy "full" rolls as torch's `scan` (nodes of the step's graph); the policies that keep
+results as `ember::rolled_loop` nodes."""
 
 import pytest
 import torch
+from _graphs import scan_nodes
 
 from ember.core import jit
 from ember.core.rolled_loop import _REGISTRY
@@ -48,6 +51,9 @@ def test_remat_scan_gives_the_plain_gradients(compiled, policy):
     got = jit(fn)(params, h, scale, keys) if compiled else fn(params, h, scale, keys)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     new = [k for k in _loops("ember.remat_scan") if k not in before]
+    if policy == "full":  # nothing kept: the scan node's backward recomputes each layer from its input
+        assert not new and scan_nodes(fn, params, h, scale, keys) == 2
+        return
     assert len(new) == (1 if compiled else 0)
     if compiled:  # the forward loop hands the backward each layer's input and what the policy kept
         outputs = len(_REGISTRY.loops[new[0]].outputs)  # the last carry, then each of the 5 layers'
@@ -127,15 +133,25 @@ def test_remat_scan_traces_the_layer_the_same_number_of_times_at_any_depth():
     for length in (2, 8):
         ws = torch.randn(length, 4, 4) / 2
         traced.clear()
-        jit(grad(lambda ws, h: remat_scan(layer, h, ws).sum()))(ws, torch.randn(3, 4))
+        jit(grad(lambda ws, h: remat_scan(layer, h, ws, policy="dots_saveable").sum()))(ws, torch.randn(3, 4))
         counts.append(len(traced))
     assert counts[0] == counts[1] and counts[0] <= 4  # forward body, the vjp body, and their traces
+
+
+def test_remat_scan_full_is_two_scan_nodes_at_any_depth():
+    layer = lambda h, w, _: torch.tanh(h @ w)  # noqa: E731
+    step = grad(lambda ws, h: remat_scan(layer, h, ws).sum())
+    for length in (2, 8):
+        ws, h = torch.randn(length, 4, 4) / 2, torch.randn(3, 4)
+        assert scan_nodes(step, ws, h) == 2  # the forward, the backward
+        torch.testing.assert_close(jit(step)(ws, h), grad(lambda ws: scan(
+            lambda c, w: (layer(c, w, None), None), h, ws)[0].sum())(ws), rtol=1e-5, atol=1e-5)
 
 
 def test_remat_scan_computes_only_the_gradients_asked_for():
     params, keys = _stack(3)
     h = torch.randn(2, 4)
-    frozen = lambda h: _loss_rolled(params, h, torch.tensor(1.0), keys)  # noqa: E731  params are constants
+    frozen = lambda h: _loss_rolled(params, h, torch.tensor(1.0), keys, "dots_saveable")  # noqa: E731  params are constants
     plain = lambda h: _loss_plain(params, h, torch.tensor(1.0), keys)  # noqa: E731
     torch.testing.assert_close(jit(grad(frozen))(h), grad(plain)(h), rtol=1e-5, atol=1e-5)
     backward = _loops("ember.remat_scan.backward")[-1]
@@ -175,8 +191,12 @@ def test_remat_scan_rolls_a_tree_carry(policy, length):
     params, keys = _stack(length)
     h = torch.randn(3, 4)
     before = len(_loops("test.tree"))
-    (value, calls), grads = jit(value_and_grad(lambda p, h: loss(p, h, rolled), argnums=(0, 1), has_aux=True))(params, h)
-    assert len(_loops("test.tree")) == before + 1 and len(_loops("test.tree.backward")) >= 1
+    step = value_and_grad(lambda p, h: loss(p, h, rolled), argnums=(0, 1), has_aux=True)
+    (value, calls), grads = jit(step)(params, h)
+    if policy == "full":
+        assert scan_nodes(step, params, h) == 2
+    else:
+        assert len(_loops("test.tree")) == before + 1 and len(_loops("test.tree.backward")) >= 1
     (want_value, want_calls), want = value_and_grad(lambda p, h: loss(p, h, plain), argnums=(0, 1), has_aux=True)(params, h)
     assert int(calls) == int(want_calls) == length
     torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-5)
@@ -202,7 +222,7 @@ def test_remat_scan_matches_remat_per_layer_when_rolling_is_impossible():
 
 XLA_SCRIPT = """
 import json, sys, torch
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {tests!r}]
 import importlib
 rs = importlib.import_module("ember.core.remat_scan")
 from ember.core import jit
@@ -233,9 +253,10 @@ def test_remat_scan_on_xla_is_one_while_each_way_with_the_plain_gradients():
     import sys
 
     pytest.importorskip("torch_xla", reason="torch_xla is not installed (pip install -e .[xla])")
-    here = str(pathlib.Path(__file__).parent)
+    here = pathlib.Path(__file__).parent
     env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="1")
-    proc = subprocess.run([sys.executable, "-c", XLA_SCRIPT.format(here=here)], env=env, capture_output=True,
+    script = XLA_SCRIPT.format(here=str(here), tests=str(here.parent))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"whiles": 2, "compiles": 1}

@@ -137,10 +137,11 @@ def test_scan_layers_and_remat_compute_what_the_list_of_blocks_computes():
 
 
 def test_scan_layers_rolls_in_the_compiled_step():
-    # The router statistics ride along with the activations as a tree carry: one rolled loop each
+    # The router statistics ride along with the activations as a tree carry: one scan node each
     # way per run of equal blocks (two dense, then three MoE), and the gradients of the list of
     # blocks. An all-MoE stack is `_remat_scan_parity.py`'s qwen3_moe family.
-    from ember.core.rolled_loop import _REGISTRY
+    from _graphs import scan_nodes
+
     from ember.core.transforms import value_and_grad
 
     shape = dict(n_layers=5, capacity_factor=1.0, first_dense_layers=2)
@@ -156,10 +157,8 @@ def test_scan_layers_rolls_in_the_compiled_step():
     tokens = random.randint(random.key(1), (2, 12), 0, 256)
     batch = {"inputs": tokens, "targets": tokens}
     loss = lambda model: lambda p: lm_loss(model)(p, batch, key=None)[0].mean()  # noqa: E731
-    loops = lambda: [k for k in _REGISTRY.loops if k.startswith("ember.Stacked")]  # noqa: E731
-    before = len(loops())
     value, grads = jit(value_and_grad(loss(stacked)))(stacked_params)
-    assert len(loops()) == before + 4  # a forward loop and a backward loop per run
+    assert scan_nodes(value_and_grad(loss(stacked)), stacked_params) == 4  # a forward and a backward per run
     want_value, want = value_and_grad(loss(listed))(params)
     torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(blocks.unstack(grads["blocks"]), want["blocks"], rtol=1e-4, atol=1e-5)

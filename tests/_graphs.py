@@ -1,0 +1,26 @@
+"""`scan_nodes`: how many `scan` nodes the graph ember's Inductor step traces for a function holds."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ember.core.jit_backends.trace import trace_and_compile
+
+
+def scan_nodes(fn: Callable[..., Any], *args: Any) -> int:
+    """Trace `fn(*args)` (pytrees of tensors and plain values) as `jit(backend="inductor")` traces a step,
+    without compiling it, and count the `scan` nodes of its graph (a rolled loop is one each way)."""
+    leaves, spec = torch.utils._pytree.tree_flatten(args)
+    at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+
+    def flat(*tensors: torch.Tensor) -> list:
+        filled = list(leaves)
+        for i, t in zip(at, tensors):
+            filled[i] = t
+        out = fn(*torch.utils._pytree.tree_unflatten(filled, spec))
+        return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+    gm = trace_and_compile(flat, [leaves[i] for i in at])
+    return sum(node.op == "call_function" and str(node.target) == "scan" for node in gm.graph.nodes)
