@@ -113,8 +113,8 @@ class _Rolled(torch.autograd.Function):
         save = any(ctx.needs_input_grad[1:])
 
         def step(c: List[Tensor], x: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
-            new, y = plan.step(c, x, consts)  # a loop's outputs may not alias its inputs: fresh carries
-            return [t.clone() for t in new], [*y, *([t.clone() for t in c] if save else [])]
+            new, y = plan.step(c, x, consts)  # a loop's outputs may not alias its inputs: fresh copies
+            return [t.clone() for t in new], [t.clone() for t in (*y, *(c if save else ()))]
 
         final, stacked = torch_scan(step, _distinct(carry), xs, reverse=plan.reverse)
         ys, starts = stacked[:len(plan.y_meta)], stacked[len(plan.y_meta):]

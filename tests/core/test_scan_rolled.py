@@ -106,6 +106,23 @@ def test_differentiated_scans_of_two_lengths_compile_in_one_process():
         torch.testing.assert_close(jit(step)(xs, h0), step(xs, h0), **TOL)
 
 
+def test_gradients_that_pass_through_the_loop_unchanged():
+    """The backward loop's inputs and outputs may not alias: cotangents that are views of one tensor (the
+    expanded ones of summed 0-d statistics) and an `x` whose cotangent is its `y`'s, as it came."""
+    def loss(xs, h0):
+        def step(carry, x):
+            h, stats = carry
+            new = _layer(h, x)
+            return (new, {"sum": stats["sum"] + new.sum(), "sq": stats["sq"] + new.pow(2).sum()}), x["b"]
+        zero = torch.zeros(())
+        (h, stats), ys = scan(step, (h0, {"sum": zero, "sq": zero}), xs)
+        return h.mean() + sum(v.sum() for v in stats.values()) + ys.pow(2).sum()
+
+    xs, h0 = _stack(6), torch.randn(4, 8)
+    step = value_and_grad(loss, argnums=(0, 1))
+    torch.testing.assert_close(jit(step)(xs, h0), step(xs, h0), **TOL)
+
+
 def test_rolled_sum_is_one_scan_node_at_any_length_with_the_python_loops_sum():
     def contribution(w, x):  # a microbatch's loss and gradients, as train_step sums them
         loss, g = value_and_grad(lambda w: torch.tanh(x @ w).pow(2).sum())(w)
