@@ -7,9 +7,10 @@ computes: the forward keeps each layer's input and what the policy names (layer 
 over layers in torch_xla's While), and the backward recomputes one layer at a time, handing the kept
 results back instead of recomputing them (`remat_policies.Replay`). Policy `"none"` keeps what a
 plain layer's autograd graph keeps and recomputes nothing (`everything_saveable`). In ember's
-Inductor step the forward loop and the backward loop are each one `ember::rolled_loop` node
-(`rolled_loop.py`): a layer's forward and its vjp are compiled once, apart from the step, so the
-step's compile time does not grow with depth. On torch_xla, with a policy that keeps nothing
+Inductor step the forward loop and the backward loop are each one `scan` node of the step's graph
+(`scan_rolled.py`, the kept results stacked as the forward's ys); `per_layer` layers, each one
+`ember::rolled_loop` node (`rolled_loop.py`, a layer's forward and its vjp compiled once, apart from the
+step). Either way the step's compile time does not grow with depth. On torch_xla, with a policy that keeps nothing
 (`"full"`), they are XLA `While`s. Elsewhere (eagerly, under Dynamo or `vmap`, with DTensor inputs)
 it is `scan` of `remat(fn, shared=True)`: the same numbers.
 """
@@ -351,9 +352,8 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
     all_tensors = [*carry_flat.tensors, *xs_flat.tensors, *consts_flat.tensors]
     on_xla = not chosen.saves_anything and xla_loop_possible(all_tensors)
     length = xs_flat.tensors[0].shape[0]
-    if not chosen.saves_anything and not on_xla and rolls_in_the_graph(carry, xs, length):
-        # keeping nothing is what the scan node's backward does: it recomputes each step from its carry
-        rolled = rolled_scan(lambda c, x, k: (fn(c, x, k), None), carry, xs, length, False, consts)
+    if not on_xla and rolls_in_the_graph(carry, xs, length):
+        rolled = rolled_scan(lambda c, x, k: (fn(c, x, k), None), carry, xs, length, False, consts, policy=chosen)
         if rolled is not None:
             return rolled[0]
     if not (on_xla or rolling((carry, xs, consts))):

@@ -11,9 +11,9 @@ with a leading `n_layers` dim), applied by scanning the block over them.
 
 Inside `jit(backend="inductor")`'s trace `scan` rolls: one node of torch's `scan` operator runs the
 step, and its gradient is one more walking back, recomputing each step from the carry it started from
-(`scan_rolled.py`), so compile time does not grow with the length. It rolls on plain tensors outside
-`torch.func` transforms, when the body closes over no tensor that needs a gradient (pass parameters
-through `xs`) and `unroll` is below the length; elsewhere (eagerly, under Dynamo, `vmap`, DTensor,
+(`scan_rolled.py`), so compile time does not grow with the length. As in JAX, the body is traced once
+(its Python runs at trace time) and what it closes over enters the loop, gradients included. It rolls on
+plain tensors outside `torch.func` transforms when `unroll` is below the length; elsewhere (eagerly, under Dynamo, `vmap`, DTensor,
 torch_xla) it is a Python loop, the same numbers. For a stack of rematerialised layers, `remat_scan`
 keeps the kept activations per layer.
 

@@ -8,56 +8,98 @@ is one more `scan` walking back: at each step the vjp of `f` at its saved carry 
 as `jax.checkpoint` of the body would), the carry's cotangent threaded through, each `x`'s stacked.
 Both bodies compile once whatever the length.
 
-A body that closes over a tensor needing a gradient (parameters not passed through `xs`) is not rolled:
-its gradient would have to leave the loop by a path the loop does not have; `rolled_scan`'s `consts`
-are such tensors made explicit (their gradients summed over the steps in the backward's carry).
-A body that is not pure in Python (it appends to a list, prints: torch's `scan` traces it with Dynamo)
-is not rolled either, with a warning. `scan` then runs its Python loop, with the same numbers.
+The body is traced once each way (`compat/scan.py`), as `jax.lax.scan` traces it: its Python runs at
+trace time. The tensors it closes over enter the loop as inputs: a dry run of one step finds them (the
+tensors its torch calls read that are neither its arguments nor made by it), and the traced body reads
+the loop's inputs in their place. A body that closes over a tensor needing a gradient (parameters not
+passed through `xs`) is not rolled: its gradient would have to leave the loop by a path the loop does not
+have; `rolled_scan`'s `consts` are such tensors made explicit (their gradients summed over the steps in
+the backward's carry). `scan` then runs its Python loop, with the same numbers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import contextlib
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 
-from .compat import warn_once
-from .compat.scan import BodyNotTraceable, torch_scan
-from .pytree import tree_flatten, tree_unflatten
+from .autograd_grad import pull_back, run_differentiated
+from .compat.dispatch_mode import TorchDispatchMode
+from .compat.functorch import transform_wrapped
+from .compat.scan import torch_scan
+from .compat.shared_subgraph import plain_calls
+from .pytree import tree_flatten, tree_map, tree_unflatten
 from .remat import _differentiable
+from .remat_policies import Record, RematPolicy, Replay, flatten_saved, unflatten_saved
 from .types import PyTree
 
 __all__ = ["closes_over_gradients", "rolled_scan"]
-
-
-def _distinct(tensors: Sequence[Tensor]) -> List[Tensor]:
-    """`tensors`, a copy where one tensor stands for a second leaf: a loop's inputs may not alias."""
-    seen: set = set()
-    out = []
-    for t in tensors:
-        out.append(t.clone() if id(t) in seen else t)
-        seen.add(id(t))
-    return out
 
 
 def _fresh(t: Tensor) -> Tensor:
     return t.detach().requires_grad_(True) if _differentiable(t) else t
 
 
+class _MadeBelow(TorchDispatchMode):
+    """Adds to `made` what the ops under it return, those no function call returns included (what remat's
+    `Record` keeps from inside a `linear`, which its backward reads back)."""
+
+    supports_higher_order_operators = True  # a nested `scan`: recorded like any op
+
+    def __init__(self, made: List[Tensor]) -> None:
+        super().__init__()
+        self.made = made
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.made.extend(t for t in tree_flatten(out)[0] if isinstance(t, Tensor))
+        return out
+
+
 class _Made(TorchFunctionMode):
-    """Records every tensor the functions called under it return."""
+    """Records every tensor the functions called under it read and return (and the ops below them return)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.made: List[Tensor] = []
+        self.read: List[Tensor] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.read.extend(t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor))
         out = func(*args, **(kwargs or {}))
         self.made.extend(t for t in tree_flatten(out)[0] if isinstance(t, Tensor))
         return out
+
+    @contextlib.contextmanager
+    def recording(self) -> Any:
+        with self, _MadeBelow(self.made):
+            yield self
+
+    def closures(self, inputs: Sequence[Tensor]) -> List[Tensor]:
+        """The tensors read that are neither `inputs` nor made here (nor wrapped by a transform the
+        function ran, as `vmap` wraps its inputs), each once."""
+        known, found = {id(t) for t in (*inputs, *self.made)}, {}
+        for t in self.read:
+            if id(t) not in known and not transform_wrapped(t):
+                found.setdefault(id(t), t)
+        return list(found.values())
+
+
+class _Lifted(TorchFunctionMode):
+    """Hands the functions called under it `stand_ins[id(t)]` wherever they are given a tensor `t` of it."""
+
+    def __init__(self, stand_ins: Dict[int, Tensor]) -> None:
+        super().__init__()
+        self.stand_ins = stand_ins
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        swap = lambda v: self.stand_ins.get(id(v), v) if isinstance(v, Tensor) else v  # noqa: E731
+        return func(*tree_map(swap, args), **tree_map(swap, kwargs or {}))
 
 
 def closes_over_gradients(outputs: Sequence[Tensor], inputs: Sequence[Tensor], made: Sequence[Tensor] = ()) -> bool:
@@ -92,17 +134,47 @@ class _Tree:
 class _Plan:
     """`f` over flat tensor lists, with the structure and slices a dry run of its first step found."""
 
-    def __init__(self, f: Callable, carry: _Tree, xs: _Tree, consts: _Tree, length: int, reverse: bool,
-                 y_meta: List[Tuple[torch.Size, torch.dtype]]) -> None:
-        self.f, self.carry, self.xs, self.consts = f, carry, xs, consts
-        self.n_carry, self.n_xs = len(carry.tensors), len(xs.tensors)
+    def __init__(self, f: Callable, carry: _Tree, xs: _Tree, consts: _Tree, closures: List[Tensor], length: int,
+                 reverse: bool, y_meta: List[Tuple[torch.Size, torch.dtype]], policy: Optional[RematPolicy]) -> None:
+        self.f, self.carry, self.xs, self.consts, self.closures = f, carry, xs, consts, closures
+        self.n_carry, self.n_xs, self.n_consts = len(carry.tensors), len(xs.tensors), len(consts.tensors)
         self.length, self.reverse, self.y_meta = length, reverse, y_meta
+        self.replays = policy is not None and policy.saves_anything  # the backward replays what the forward kept
+        self.policy, self.kept_layout = policy, None
 
     def step(self, carry: Sequence[Tensor], x: Sequence[Tensor], k: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
-        """One step on flat lists: the new carry's leaves and the y leaves that are tensors."""
-        new, y = self.f(self.carry.rebuild(carry), self.xs.rebuild(x), self.consts.rebuild(k))
+        """One step on flat lists: the new carry's leaves and the y leaves that are tensors. `k` holds the
+        consts' tensors, then the loop's stand-ins for the tensors `f` closes over."""
+        stand_ins = dict(zip(map(id, self.closures), k[self.n_consts:]))
+        with plain_calls(), _Lifted(stand_ins) if stand_ins else contextlib.nullcontext():
+            new, y = self.f(self.carry.rebuild(carry), self.xs.rebuild(x), self.consts.rebuild(k[:self.n_consts]))
         return [v for v in tree_flatten(new)[0] if isinstance(v, Tensor)], [
             v for v in tree_flatten(y)[0] if isinstance(v, Tensor)]
+
+    def recorded_step(self, carry: Sequence[Tensor], x: Sequence[Tensor],
+                      k: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor], List[Tensor]]:
+        """`step`, and what the policy keeps of it, run differentiated in every floating input as the
+        backward runs it: `Replay` matches results to ops by their order, so both must see the same ops."""
+        flat = [*carry, *x, *k]
+        floating = [i for i, t in enumerate(flat) if _differentiable(t)]
+
+        def recorded(*diff: Tensor) -> Tuple[List[Tensor], List[Tensor], List[Tensor]]:
+            c, xi, ki = self.split([*flat], floating, diff)
+            with Record(self.policy, only_what_autograd_saves=True) as record:
+                new, y = self.step(c, xi, ki)
+            keys, structures, kept = flatten_saved(record.saved)
+            self.kept_layout = (keys, structures)
+            return new, y, kept
+
+        return run_differentiated(recorded, [flat[i] for i in floating])
+
+    def split(self, flat: List[Tensor], positions: Sequence[int],
+              values: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor], List[Tensor]]:
+        """`flat` (carry, x, then k) with `values` at `positions`, cut into the three."""
+        for i, t in zip(positions, values):
+            flat[i] = t
+        n_c, n_x = self.n_carry, self.n_xs
+        return flat[:n_c], flat[n_c:n_c + n_x], flat[n_c + n_x:]
 
 
 class _Rolled(torch.autograd.Function):
@@ -112,15 +184,17 @@ class _Rolled(torch.autograd.Function):
         carry, xs, consts = list(flat[:n_c]), list(flat[n_c:n_c + n_x]), list(flat[n_c + n_x:])
         save = any(ctx.needs_input_grad[1:])
 
-        def step(c: List[Tensor], x: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
-            new, y = plan.step(c, x, consts)  # a loop's outputs may not alias its inputs: fresh copies
-            return [t.clone() for t in new], [t.clone() for t in (*y, *(c if save else ()))]
+        def step(c: List[Tensor], x: List[Tensor], k: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
+            new, y, kept = plan.recorded_step(c, x, k) if save and plan.replays else (*plan.step(c, x, k), [])
+            # a loop's outputs may not alias its inputs: fresh copies
+            return [t.clone() for t in new], [t.clone() for t in (*y, *(c if save else ()), *kept)]
 
-        final, stacked = torch_scan(step, _distinct(carry), xs, reverse=plan.reverse)
-        ys, starts = stacked[:len(plan.y_meta)], stacked[len(plan.y_meta):]
+        final, stacked = torch_scan(step, carry, xs, consts, reverse=plan.reverse)
+        n_y = len(plan.y_meta)
+        ys, starts, kept = stacked[:n_y], stacked[n_y:n_y + n_c], stacked[n_y + n_c:]
         if save:
-            ctx.plan = plan
-            ctx.save_for_backward(*xs, *consts, *starts)
+            ctx.plan, ctx.n_kept = plan, len(kept)
+            ctx.save_for_backward(*xs, *consts, *starts, *kept)
         return (*final, *ys)
 
     @staticmethod
@@ -129,6 +203,7 @@ class _Rolled(torch.autograd.Function):
         plan: _Plan = ctx.plan
         saved = ctx.saved_tensors
         n_c, n_x = plan.n_carry, plan.n_xs
+        saved, kept = saved[:len(saved) - ctx.n_kept], list(saved[len(saved) - ctx.n_kept:])
         xs, consts, starts = list(saved[:n_x]), list(saved[n_x:len(saved) - n_c]), list(saved[len(saved) - n_c:])
         g_carry, g_ys = grads[:n_c], grads[n_c:]
         diff_c = [k for k, c in enumerate(starts) if _differentiable(c)]
@@ -141,44 +216,56 @@ class _Rolled(torch.autograd.Function):
         gys = [g_ys[k] if g_ys[k] is not None else torch.zeros((plan.length, *plan.y_meta[k][0]),
                                                                 dtype=plan.y_meta[k][1], device=starts[0].device)
                for k in diff_y]
-        n_d, n_dx = len(diff_c), len(diff_x)
+        # the inputs the vjp is taken in: replaying kept results needs the forward's, every floating one
+        wrt_x = [k for k, x in enumerate(xs) if _differentiable(x)] if plan.replays else diff_x
+        wrt_k = [k for k, c in enumerate(consts) if _differentiable(c)] if plan.replays else diff_k
+        wrt = [*diff_c, *(n_c + k for k in wrt_x), *(n_c + n_x + k for k in wrt_k)]
+        n_d, n_dx, n_gy = len(diff_c), len(diff_x), len(gys)
 
-        def step(carried: List[Tensor], sliced: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
+        def step(carried: List[Tensor], sliced: List[Tensor], consts: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
             gc, gk = carried[:n_d], carried[n_d:]  # the carry's cotangent, the consts' summed so far
-            c, x, gy = sliced[:n_c], sliced[n_c:n_c + n_x], sliced[n_c + n_x:]
+            flat = [*sliced[:n_c + n_x], *consts]  # the step's carry, its x, the consts
+            gy, kept_here = sliced[n_c + n_x:n_c + n_x + n_gy], sliced[n_c + n_x + n_gy:]
 
-            def one(*diff: Tensor) -> Tuple[Tensor, ...]:
-                c_full, x_full, k_full = list(c), list(x), list(consts)
-                for positions, full, values in ((diff_c, c_full, diff[:n_d]), (diff_x, x_full, diff[n_d:n_d + n_dx]),
-                                                (diff_k, k_full, diff[n_d + n_dx:])):
-                    for k, t in zip(positions, values):
-                        full[k] = t
-                new, y = plan.step(c_full, x_full, k_full)
-                return (*(new[k] for k in diff_c), *(y[k] for k in diff_y))
+            def one(*diff: Tensor) -> List[Tensor]:
+                replay = Replay(unflatten_saved(*plan.kept_layout, kept_here)) if kept_here else contextlib.nullcontext()
+                with replay:
+                    new, y = plan.step(*plan.split(list(flat), wrt, diff))
+                return [*(new[k] for k in diff_c), *(y[k] for k in diff_y)]
 
-            _, pull = torch.func.vjp(one, *[c[k] for k in diff_c], *[x[k] for k in diff_x],
-                                     *[consts[k] for k in diff_k])
-            pulled = pull((*gc, *gy))
-            summed = [a + b for a, b in zip(gk, pulled[n_d + n_dx:])]
-            # torch 2.9's Inductor fails on a backward loop without ys ("getitem is not an OpOverload"): one 0-d y
+            pulled = pull_back(one, [flat[i] for i in wrt], [*gc, *gy])
+            g_x, g_k = pulled[n_d:n_d + len(wrt_x)], pulled[n_d + len(wrt_x):]
+            summed = [a + g_k[wrt_k.index(k)] for a, k in zip(gk, diff_k)]
             # fresh outputs: a cotangent the vjp passes through unchanged may not leave the loop as its input
-            return ([t.clone() for t in pulled[:n_d]] + summed,
-                    [t.clone() for t in pulled[n_d:n_d + n_dx]] or [c[0].new_zeros(())])
+            return [t.clone() for t in pulled[:n_d]] + summed, [g_x[wrt_x.index(k)].clone() for k in diff_x]
 
         # the forward's steps, last first: a forward scan's backward runs reversed, a reversed one's forward
-        init = _distinct([*gc0, *(torch.zeros_like(consts[k]) for k in diff_k)])
-        d_carried, d_xs = torch_scan(step, init, [*starts, *xs, *gys], reverse=not plan.reverse)
+        init = [*gc0, *(torch.zeros_like(consts[k]) for k in diff_k)]
+        d_carried, d_xs = torch_scan(step, init, [*starts, *xs, *gys, *kept], consts, reverse=not plan.reverse)
         by_c, by_x = dict(zip(diff_c, d_carried[:n_d])), dict(zip(diff_x, d_xs[:n_dx]))
         by_k = dict(zip(diff_k, d_carried[n_d:]))
         return (None, *(by_c.get(k) for k in range(n_c)), *(by_x.get(k) for k in range(n_x)),
                 *(by_k.get(k) for k in range(len(consts))))
 
 
+def _lifts_every_read(run: Callable[[], Tuple[PyTree, PyTree]], inputs: Sequence[Tensor],
+                      closures: Sequence[Tensor]) -> bool:
+    """Whether a gradient reaches the closures only through their stand-ins: one more dry run of the step
+    with fresh leaves standing in for them (a read `_Lifted` does not see would bake one into the body)."""
+    stand_ins = [_fresh(t) for t in closures]
+    with torch.enable_grad(), _Made().recording() as made, _Lifted(dict(zip(map(id, closures), stand_ins))):
+        out = run()
+    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor) and t.requires_grad]
+    return not closes_over_gradients(outputs, [*inputs, *stand_ins], made.made)
+
+
 def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], init: PyTree, xs: PyTree, length: int,
-                reverse: bool, consts: PyTree = None) -> Optional[Tuple[PyTree, PyTree]]:
+                reverse: bool, consts: PyTree = None,
+                policy: Optional[RematPolicy] = None) -> Optional[Tuple[PyTree, PyTree]]:
     """`scan(lambda c, x: f(c, x, consts), init, xs)` as one `scan` node each way, or None where it cannot
-    roll (module docstring). `consts` are what every step sees, gradients summed over the steps. The
-    caller checked `xs` (every leaf a tensor of leading dim `length`) and that ember's trace runs."""
+    roll (module docstring). `consts` are what every step sees, gradients summed over the steps. With a
+    `policy` that keeps something (`remat_policies`), the forward stacks what it keeps of each step and the
+    backward hands it back instead of recomputing it (`scan(remat(f, policy))`). The caller checked `xs` (every leaf a tensor of leading dim `length`) and that ember's trace runs."""
     carry_tree, xs_tree, consts_tree = _Tree(init), _Tree(xs), _Tree(consts)
     carry, x_leaves, k_leaves = carry_tree.tensors, xs_tree.tensors, consts_tree.tensors
     if not carry or not x_leaves or any(v is not None and not isinstance(v, Tensor)
@@ -186,7 +273,7 @@ def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], in
         return None
     first_c, first_k = [_fresh(t) for t in carry], [_fresh(t) for t in k_leaves]
     first_x = [_fresh(t[length - 1 if reverse else 0]) for t in x_leaves]
-    with torch.enable_grad(), _Made() as made:  # a dry run of one step: the y structure, what it closes over
+    with torch.enable_grad(), _Made().recording() as made:  # a dry run of one step: the y structure, what it closes over
         new, y = f(carry_tree.rebuild(first_c), xs_tree.rebuild(first_x), consts_tree.rebuild(first_k))
     new_leaves, new_spec = tree_flatten(new)
     y_leaves, y_spec = tree_flatten(y)
@@ -196,18 +283,18 @@ def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], in
         return None  # the Python loop names the mismatch
     if any(v is not None and not isinstance(v, Tensor) for v in (*new_leaves, *y_leaves)):
         return None
-    outputs = [t for t in (*new_leaves, *y_leaves) if isinstance(t, Tensor) and t.requires_grad]
-    if torch.is_grad_enabled() and closes_over_gradients(outputs, [*first_c, *first_x, *first_k], made.made):
-        return None
     y_meta = [(v.shape, v.dtype) for v in y_leaves if isinstance(v, Tensor)]
-    plan = _Plan(f, carry_tree, xs_tree, consts_tree, length, reverse, y_meta)
-    try:
-        out = _Rolled.apply(plan, *carry, *x_leaves, *k_leaves)
-    except BodyNotTraceable as err:
-        warn_once(f"scan_unrolled:{err}", (
-            f"scan: the loop's body cannot roll, it runs unrolled (compile time grows with the length): {err} "
-            "Keep the body pure (no Python side effects: appends, prints, globals) to roll it."))
+    closures = made.closures([*first_c, *first_x, *first_k])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in closures) and not _lifts_every_read(
+            lambda: f(carry_tree.rebuild(first_c), xs_tree.rebuild(first_x), consts_tree.rebuild(first_k)),
+            [*first_c, *first_x, *first_k], closures):
         return None
+    plan = _Plan(f, carry_tree, xs_tree, consts_tree, closures, length, reverse, y_meta, policy)
+    # torch's op may run the body on its own inputs (its fake-tensor rule): a closure that is also one of
+    # them enters that place as a copy, or the stand-in would take that place too
+    lifted = {id(t) for t in closures}
+    carry, x_leaves, k_leaves = ([t.clone() if id(t) in lifted else t for t in ts] for ts in (carry, x_leaves, k_leaves))
+    out = _Rolled.apply(plan, *carry, *x_leaves, *k_leaves, *closures)
     final, stacked = list(out[:len(carry)]), iter(out[len(carry):])
     ys = [next(stacked) if isinstance(v, Tensor) else v for v in y_leaves]
     return carry_tree.rebuild(final), (None if y is None else tree_unflatten(ys, y_spec))

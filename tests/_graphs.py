@@ -1,8 +1,8 @@
-"""`scan_nodes`: how many `scan` nodes the graph ember's Inductor step traces for a function holds."""
+"""`scan_nodes`, `scan_outputs`: the `scan` nodes of the graph ember's Inductor step traces for a function."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, List
 
 import torch
 
@@ -12,6 +12,12 @@ from ember.core.jit_backends.trace import trace_and_compile
 def scan_nodes(fn: Callable[..., Any], *args: Any) -> int:
     """Trace `fn(*args)` (pytrees of tensors and plain values) as `jit(backend="inductor")` traces a step,
     without compiling it, and count the `scan` nodes of its graph (a rolled loop is one each way)."""
+    return len(scan_outputs(fn, *args))
+
+
+def scan_outputs(fn: Callable[..., Any], *args: Any) -> List[int]:
+    """How many tensors each `scan` node of `fn`'s traced graph returns (its last carry, then its stacked ys),
+    in the graph's order (a forward loop before its backward)."""
     leaves, spec = torch.utils._pytree.tree_flatten(args)
     at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
 
@@ -23,4 +29,5 @@ def scan_nodes(fn: Callable[..., Any], *args: Any) -> int:
         return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
     gm = trace_and_compile(flat, [leaves[i] for i in at])
-    return sum(node.op == "call_function" and str(node.target) == "scan" for node in gm.graph.nodes)
+    return [len(node.meta["val"]) for node in gm.graph.nodes
+            if node.op == "call_function" and str(node.target) == "scan"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch._C import _functorch
 
-__all__ = ["any_transform_active", "functorch_base"]
+__all__ = ["any_transform_active", "functorch_base", "transform_wrapped"]
 
 
 def any_transform_active() -> bool:
@@ -24,3 +24,8 @@ def functorch_base(t: torch.Tensor) -> torch.Tensor:
     while _functorch.is_functorch_wrapped_tensor(t):
         t = _functorch.get_unwrapped(t)
     return t
+
+
+def transform_wrapped(t: torch.Tensor) -> bool:
+    """Whether `t` is a tensor of an active torch.func transform's level (made inside a `vmap` or `grad`)."""
+    return _functorch.is_functorch_wrapped_tensor(t)

@@ -1,16 +1,18 @@
-"""torch's `scan` operator, traced with static sizes.
+"""torch's `scan` operator, called as the higher-order op itself.
 
-`torch_scan` is torch's loop operator (`torch._higher_order_ops.scan`, private since it came,
-pytorch/pytorch#135603 and its stack). Called outside Dynamo it traces its body with Dynamo and records
-one `scan` node whose body is a subgraph; Inductor lowers it to a loop that writes each step's outputs
-into buffers preallocated for every step. A body Dynamo cannot capture whole (a Python side effect, a
-graph break) raises `BodyNotTraceable`: the caller runs the Python loop instead.
+`torch_scan` records one `scan` node of ember's traced step (`torch._higher_order_ops.scan.scan_op`,
+private since it came, pytorch/pytorch#135603 and its stack) whose body is a subgraph, which Inductor
+lowers to a loop writing each step's outputs into buffers preallocated for every step. Called under
+ember's `make_fx` trace, the op traces its body with `make_fx` too, once, as `jax.lax.scan` traces its
+body to a jaxpr: the body's Python runs once, ember's dispatch modes act inside it, and its sizes are
+the trace's (static). torch's public wrapper, `torch._higher_order_ops.scan.scan`, would instead trace
+the body with Dynamo (`torch.compile(fullgraph=True)`), which rejects a body with a Python side effect
+or an active dispatch mode and, on one code object for every loop of the process, makes a later loop's
+sizes symbols (pytorch/pytorch#166525).
 
-torch's `scan` compiles its body with `torch.compile(fullgraph=True)` on one code object for every loop of
-the process, so Dynamo's automatic dynamic shapes would make a later loop's sizes symbols (a loop of another
-length recompiles it), lifted into the node's inputs as Python numbers that Inductor's `while_loop`
-lowering reads as graph nodes (`'int' object has no attribute 'meta'`, pytorch/pytorch#166525).
-`torch_scan` keeps sizes static, as ember's whole-step trace is.
+A body traced by `make_fx` keeps a tensor it closes over as a constant: every tensor of the trace it
+reads must come in through `init`, `xs` or `consts` (the op's `additional_inputs`). The op's inputs may
+not alias: a tensor that shares its storage with an earlier one is copied.
 """
 
 from __future__ import annotations
@@ -19,29 +21,56 @@ from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-__all__ = ["BodyNotTraceable", "torch_scan"]
+__all__ = ["torch_scan"]
+
+Step = Callable[[List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]],
+                Tuple[List[torch.Tensor], List[torch.Tensor]]]
 
 
-class BodyNotTraceable(RuntimeError):
-    """torch's `scan` could not trace the body whole (Dynamo's reason in the message)."""
+def torch_scan(step: Step, init: Sequence[torch.Tensor], xs: Sequence[torch.Tensor], consts: Sequence[torch.Tensor],
+               *, reverse: bool) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """`step(carry, x, consts) -> (carry, ys)` over dim 0 of `xs` (flat lists; `xs` not empty), one node
+    of the traced graph. `ys[i]` comes from `xs[i]`, also with `reverse` (which flips, as torch's wrapper)."""
+    from torch._higher_order_ops.scan import scan_op
+
+    n_c, n_x = len(init), len(xs)
+
+    # The op traces its body below autograd; a body that takes gradients itself (a microbatch's
+    # `value_and_grad`) needs its caller's dispatch keys back, or every gradient it takes is silently zero.
+    keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+    placeholder = []  # Inductor on torch 2.9 to 2.13 fails on a loop without ys ("getitem is not an
+    # OpOverload", measured; 2.15 lowers it): such a body returns one 0-d y, dropped here
+
+    def body(*flat: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        # values, as the loop will pass them: the op may call the body on its own inputs (its fake-tensor
+        # rule), which may require grad, and a gradient taken in the body would then be recorded
+        flat = tuple(t.detach() for t in flat)
+        with torch._C._ForceDispatchKeyGuard(*keys):
+            new, ys = step(list(flat[:n_c]), list(flat[n_c:n_c + n_x]), list(flat[n_c + n_x:]))
+        placeholder[:] = [] if ys else [new[0].new_zeros(())]
+        return (*new, *ys, *placeholder)
+
+    init, xs, consts = _split(_distinct([*init, *xs, *consts]), n_c, n_x)
+    sliced = [torch.flip(x, [0]) for x in xs] if reverse else list(xs)
+    out = scan_op(body, init, sliced, tuple(consts))
+    carry, ys = list(out[:n_c]), list(out[n_c:len(out) - len(placeholder)])
+    return carry, [y.flip([0]) for y in ys] if reverse else ys
 
 
-def torch_scan(step: Callable[[List[torch.Tensor], List[torch.Tensor]], Tuple[List[torch.Tensor], List[torch.Tensor]]],
-               init: Sequence[torch.Tensor], xs: Sequence[torch.Tensor], *, reverse: bool
-               ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-    """`step(carry, x) -> (carry, ys)` over dim 0 of `xs` (flat lists; `xs` not empty): torch's operator,
-    one node of a traced graph. `ys[i]` comes from `xs[i]`, also with `reverse`."""
-    from torch._dynamo.exc import Unsupported, UncapturedHigherOrderOpError
-    from torch._higher_order_ops.scan import scan
+def _distinct(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """`tensors`, a copy where one shares its storage with an earlier one (the same tensor again, views of
+    one base such as a model's router statistics): the op's inputs may not alias."""
+    from torch.multiprocessing.reductions import StorageWeakRef
 
-    try:  # static sizes: Dynamo's automatic dynamic shapes would lift them as symbols once a second shape came
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-            carry, ys = scan(step, list(init), list(xs), reverse=reverse)
-    except (Unsupported, UncapturedHigherOrderOpError) as err:  # a Python side effect, a graph break
-        raise BodyNotTraceable(str(err).strip().splitlines()[0] + " " + _first_line(err, "Explanation:")) from err
-    return list(carry), list(ys)
+    seen: set = set()
+    out = []
+    for t in tensors:
+        storage = StorageWeakRef(t.untyped_storage())
+        out.append(t.clone() if storage in seen else t)
+        seen.add(storage)
+    return out
 
 
-def _first_line(err: Exception, prefix: str) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip().startswith(prefix)]
-    return lines[0] if lines else ""
+def _split(tensors: List[torch.Tensor], n_c: int, n_x: int) -> Tuple[List[torch.Tensor], ...]:
+    return tensors[:n_c], tensors[n_c:n_c + n_x], tensors[n_c + n_x:]

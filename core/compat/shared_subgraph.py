@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .functorch import any_transform_active
 
-__all__ = ["call_shared", "function_index", "run_untraced", "shared_subgraphs", "sharing"]
+__all__ = ["call_shared", "function_index", "plain_calls", "run_untraced", "shared_subgraphs", "sharing"]
 
 _state = threading.local()
 T = TypeVar("T")
@@ -53,6 +53,19 @@ def sharing() -> bool:
     return (getattr(_state, "active", False) and not getattr(_state, "inside", False)
             and torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling()
             and not any_transform_active())
+
+
+@contextlib.contextmanager
+def plain_calls() -> Iterator[None]:
+    """Within the block `sharing()` is False: the body of a shared subgraph or of a `scan` node, where a
+    shared subgraph would nest in another, which Inductor does not lower (torch 2.15: "both a fallback
+    and a decomp for same op: aten.t.default")."""
+    before = getattr(_state, "inside", False)
+    _state.inside = True
+    try:
+        yield
+    finally:
+        _state.inside = before
 
 
 def run_untraced(fn: Callable[..., T], *args: object) -> T:
@@ -101,13 +114,7 @@ def call_shared(fn: Callable[..., Sequence[Tensor]], identifier: str,
     keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
 
     def body(*ts: Tensor) -> Tuple[Tensor, ...]:
-        # Calls inside a shared body run plainly: Inductor does not lower a subgraph nested in
-        # another (torch 2.15: "both a fallback and a decomp for same op: aten.t.default").
-        _state.inside = True
-        try:
-            with torch._C._ForceDispatchKeyGuard(*keys):
-                return tuple(fn(*ts))
-        finally:
-            _state.inside = False
+        with plain_calls(), torch._C._ForceDispatchKeyGuard(*keys):
+            return tuple(fn(*ts))
 
     return tuple(invoke_subgraph(body, identifier, *tensors))

@@ -1,10 +1,10 @@
 """`remat_scan`'s rolled loops: one node of the compiled step each way, a body compiled once, the plain
-results. Policy "full" rolls as torch's `scan` (nodes of the step's graph); the policies that keep
-results as `ember::rolled_loop` nodes."""
+results. Stacked layers roll as torch's `scan` (nodes of the step's graph), whatever the policy: the forward
+stacks what the policy keeps, the backward hands it back; `per_layer` stacks as `ember::rolled_loop` nodes."""
 
 import pytest
 import torch
-from _graphs import scan_nodes
+from _graphs import scan_nodes, scan_outputs
 
 from ember.core import jit
 from ember.core.rolled_loop import _REGISTRY
@@ -50,18 +50,13 @@ def test_remat_scan_gives_the_plain_gradients(compiled, policy):
     before = _loops("ember.remat_scan")
     got = jit(fn)(params, h, scale, keys) if compiled else fn(params, h, scale, keys)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    new = [k for k in _loops("ember.remat_scan") if k not in before]
-    if policy == "full":  # nothing kept: the scan node's backward recomputes each layer from its input
-        assert not new and scan_nodes(fn, params, h, scale, keys) == 2
-        return
-    assert len(new) == (1 if compiled else 0)
+    assert _loops("ember.remat_scan") == before
     if compiled:  # the forward loop hands the backward each layer's input and what the policy kept
-        outputs = len(_REGISTRY.loops[new[0]].outputs)  # the last carry, then each of the 5 layers'
-        assert (outputs - 1) % 5 == 0
-        kept = (outputs - 1) // 5 - 1
-        # none keeps what a plain layer's autograd graph holds: the tanh result (its backward reads
-        # it); the matmul's inputs are the layer's own, and the adds and products need nothing more
-        assert kept == {"full": 0, "dots_saveable": 1, "none": 1}[policy]
+        forward, _ = scan_outputs(fn, params, h, scale, keys)
+        # the last carry, then the layer inputs and kept results stacked; none keeps what a plain layer's
+        # autograd graph holds: the tanh result (its backward reads it); the matmul's inputs are the layer's
+        # own, and the adds and products need nothing more
+        assert forward - 2 == {"full": 0, "dots_saveable": 1, "none": 1}[policy]
 
 
 def _per_layer(params):
@@ -154,8 +149,8 @@ def test_remat_scan_computes_only_the_gradients_asked_for():
     frozen = lambda h: _loss_rolled(params, h, torch.tensor(1.0), keys, "dots_saveable")  # noqa: E731  params are constants
     plain = lambda h: _loss_plain(params, h, torch.tensor(1.0), keys)  # noqa: E731
     torch.testing.assert_close(jit(grad(frozen))(h), grad(plain)(h), rtol=1e-5, atol=1e-5)
-    backward = _loops("ember.remat_scan.backward")[-1]
-    assert len(_REGISTRY.loops[backward].outputs) == 1  # the carry's gradient only
+    _, backward = scan_outputs(grad(frozen), h)
+    assert backward == 1 + 1  # the carry's gradient only (and the 0-d y of a loop without ys)
 
 
 def test_remat_scan_under_vmap_and_grad_of_grad_runs_plainly():
@@ -193,10 +188,8 @@ def test_remat_scan_rolls_a_tree_carry(policy, length):
     before = len(_loops("test.tree"))
     step = value_and_grad(lambda p, h: loss(p, h, rolled), argnums=(0, 1), has_aux=True)
     (value, calls), grads = jit(step)(params, h)
-    if policy == "full":
-        assert scan_nodes(step, params, h) == 2
-    else:
-        assert len(_loops("test.tree")) == before + 1 and len(_loops("test.tree.backward")) >= 1
+    if length > 1:
+        assert scan_nodes(step, params, h) == 2 and len(_loops("test.tree")) == before
     (want_value, want_calls), want = value_and_grad(lambda p, h: loss(p, h, plain), argnums=(0, 1), has_aux=True)(params, h)
     assert int(calls) == int(want_calls) == length
     torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-5)
