@@ -10,7 +10,9 @@ from ember.core import jit
 from ember.core.jit_backends.trace import trace_and_compile
 from ember.core.transforms import grad, rolled_sum, scan, value_and_grad
 
-TOL = dict(rtol=1e-5, atol=1e-6)
+# compiled float32 against eager: the steps' contributions to a gradient summed in Inductor's order and autograd's
+# (measured: 1.5e-6 absolute on a gradient element of 0.05, torch 2.15; 1.1e-6 on one of 0.008, torch 2.9)
+TOL = dict(rtol=1e-4, atol=1e-5)
 
 
 def _layer(h, x):
@@ -120,8 +122,7 @@ def test_gradients_that_pass_through_the_loop_unchanged():
 
     xs, h0 = _stack(6), torch.randn(4, 8)
     step = value_and_grad(loss, argnums=(0, 1))
-    # float32 sums of six steps' contributions to `w`'s gradient, in Inductor's order and autograd's
-    torch.testing.assert_close(jit(step)(xs, h0), step(xs, h0), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(jit(step)(xs, h0), step(xs, h0), **TOL)
 
 
 def test_rolled_sum_is_one_scan_node_at_any_length_with_the_python_loops_sum():
