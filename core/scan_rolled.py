@@ -11,17 +11,16 @@ Both bodies compile once whatever the length.
 The body is traced once each way (`compat/scan.py`), as `jax.lax.scan` traces it: its Python runs at
 trace time. The tensors it closes over enter the loop as inputs: a dry run of one step finds them (the
 tensors its torch calls read that are neither its arguments nor made by it), and the traced body reads
-the loop's inputs in their place. A body that closes over a tensor needing a gradient (parameters not
-passed through `xs`) is not rolled: its gradient would have to leave the loop by a path the loop does not
-have; `rolled_scan`'s `consts` are such tensors made explicit (their gradients summed over the steps in
-the backward's carry). `scan` then runs its Python loop, with the same numbers.
+the loop's inputs in their place. A closed-over tensor that needs a gradient (parameters not passed
+through `xs`) gets it as `rolled_scan`'s `consts` do: summed over the steps in the backward's carry. A
+body whose gradient reaches such a tensor by a path its stand-in does not cover (found by one more dry
+run) is not rolled: `scan` then runs its Python loop, with the same numbers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
 import contextlib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -228,7 +227,8 @@ class _Rolled(torch.autograd.Function):
             gy, kept_here = sliced[n_c + n_x:n_c + n_x + n_gy], sliced[n_c + n_x + n_gy:]
 
             def one(*diff: Tensor) -> List[Tensor]:
-                replay = Replay(unflatten_saved(*plan.kept_layout, kept_here)) if kept_here else contextlib.nullcontext()
+                replay = (Replay(unflatten_saved(*plan.kept_layout, kept_here)) if kept_here
+                          else contextlib.nullcontext())
                 with replay:
                     new, y = plan.step(*plan.split(list(flat), wrt, diff))
                 return [*(new[k] for k in diff_c), *(y[k] for k in diff_y)]
@@ -265,7 +265,8 @@ def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], in
     """`scan(lambda c, x: f(c, x, consts), init, xs)` as one `scan` node each way, or None where it cannot
     roll (module docstring). `consts` are what every step sees, gradients summed over the steps. With a
     `policy` that keeps something (`remat_policies`), the forward stacks what it keeps of each step and the
-    backward hands it back instead of recomputing it (`scan(remat(f, policy))`). The caller checked `xs` (every leaf a tensor of leading dim `length`) and that ember's trace runs."""
+    backward hands it back instead of recomputing it (`scan(remat(f, policy))`). The caller checked `xs`
+    (every leaf a tensor of leading dim `length`) and that ember's trace runs."""
     carry_tree, xs_tree, consts_tree = _Tree(init), _Tree(xs), _Tree(consts)
     carry, x_leaves, k_leaves = carry_tree.tensors, xs_tree.tensors, consts_tree.tensors
     if not carry or not x_leaves or any(v is not None and not isinstance(v, Tensor)
@@ -273,7 +274,8 @@ def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], in
         return None
     first_c, first_k = [_fresh(t) for t in carry], [_fresh(t) for t in k_leaves]
     first_x = [_fresh(t[length - 1 if reverse else 0]) for t in x_leaves]
-    with torch.enable_grad(), _Made().recording() as made:  # a dry run of one step: the y structure, what it closes over
+    # a dry run of one step: the y structure, what it closes over
+    with torch.enable_grad(), _Made().recording() as made:
         new, y = f(carry_tree.rebuild(first_c), xs_tree.rebuild(first_x), consts_tree.rebuild(first_k))
     new_leaves, new_spec = tree_flatten(new)
     y_leaves, y_spec = tree_flatten(y)
@@ -293,7 +295,8 @@ def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], in
     # torch's op may run the body on its own inputs (its fake-tensor rule): a closure that is also one of
     # them enters that place as a copy, or the stand-in would take that place too
     lifted = {id(t) for t in closures}
-    carry, x_leaves, k_leaves = ([t.clone() if id(t) in lifted else t for t in ts] for ts in (carry, x_leaves, k_leaves))
+    carry, x_leaves, k_leaves = ([t.clone() if id(t) in lifted else t for t in ts]
+                                 for ts in (carry, x_leaves, k_leaves))
     out = _Rolled.apply(plan, *carry, *x_leaves, *k_leaves, *closures)
     final, stacked = list(out[:len(carry)]), iter(out[len(carry):])
     ys = [next(stacked) if isinstance(v, Tensor) else v for v in y_leaves]
