@@ -118,6 +118,15 @@ def closes_over_gradients(outputs: Sequence[Tensor], inputs: Sequence[Tensor], m
     return False
 
 
+def _memory_order(t: Tensor) -> Tuple[int, ...]:
+    """`t`'s dims, outermost in memory first: `t.permute` of it is contiguous when `t` is dense."""
+    return tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))  # ties keep their order
+
+
+def _inverse(order: Sequence[int]) -> Tuple[int, ...]:
+    return tuple(sorted(range(len(order)), key=lambda d: order[d]))
+
+
 class _Tree:
     """A pytree's tensor leaves, and how to put them back among its other (None) leaves."""
 
@@ -140,6 +149,7 @@ class _Plan:
         self.length, self.reverse, self.y_meta = length, reverse, y_meta
         self.replays = policy is not None and policy.saves_anything  # the backward replays what the forward kept
         self.policy, self.kept_layout = policy, None
+        self.kept_orders: List[Tuple[int, ...]] = []  # each kept result's dims, outermost in memory first
 
     def step(self, carry: Sequence[Tensor], x: Sequence[Tensor], k: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
         """One step on flat lists: the new carry's leaves and the y leaves that are tensors. `k` holds the
@@ -163,7 +173,8 @@ class _Plan:
                 new, y = self.step(c, xi, ki)
             keys, structures, kept = flatten_saved(record.saved)
             self.kept_layout = (keys, structures)
-            return new, y, kept
+            self.kept_orders = [_memory_order(t) for t in kept]
+            return new, y, [t.permute(order) for t, order in zip(kept, self.kept_orders)]
 
         return run_differentiated(recorded, [flat[i] for i in floating])
 
@@ -227,7 +238,8 @@ class _Rolled(torch.autograd.Function):
             gy, kept_here = sliced[n_c + n_x:n_c + n_x + n_gy], sliced[n_c + n_x + n_gy:]
 
             def one(*diff: Tensor) -> List[Tensor]:
-                replay = (Replay(unflatten_saved(*plan.kept_layout, kept_here)) if kept_here
+                as_kept = [t.permute(_inverse(order)) for t, order in zip(kept_here, plan.kept_orders)]
+                replay = (Replay(unflatten_saved(*plan.kept_layout, as_kept)) if kept_here
                           else contextlib.nullcontext())
                 with replay:
                     new, y = plan.step(*plan.split(list(flat), wrt, diff))

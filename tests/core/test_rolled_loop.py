@@ -198,6 +198,22 @@ def test_remat_scan_rolls_a_tree_carry(policy, length):
     torch.testing.assert_close(eager[1], want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_kept_result_comes_back_laid_out_as_the_forward_made_it():
+    # exp of a transposed tensor is transposed in memory, so reshaping it transposed back is a view. Handed back
+    # contiguous (as the scan stacks it), that reshape would copy, a `clone` the forward did not run, and the
+    # clone kept after it would be handed to that copy (measured on SDPA's output in a mixture-of-experts
+    # layer: a shape error; here wrong gradients).
+    def layer(h, w, _):
+        z = torch.exp(torch.tanh(h @ w).t())
+        a = (z.t().reshape(-1).reshape(h.shape) @ w).clone()  # `a * a` keeps the clone
+        return torch.tanh(a * a)
+
+    ws, h = torch.randn(3, 4, 4) / 2, torch.randn(2, 4)
+    rolled = grad(lambda ws, h: remat_scan(layer, h, ws, policy="none").sum(), argnums=(0, 1))
+    plain = grad(lambda ws, h: scan(lambda c, w: (layer(c, w, None), None), h, ws)[0].sum(), argnums=(0, 1))
+    torch.testing.assert_close(jit(rolled)(ws, h), plain(ws, h), rtol=1e-5, atol=1e-5)
+
+
 def test_a_layer_that_changes_the_carry_shape_is_a_clear_error():
     ws = torch.randn(2, 4, 3)
     with pytest.raises(ValueError, match="carry shaped like its input"):
