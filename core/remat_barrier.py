@@ -7,7 +7,7 @@ forward's: a common-subexpression pass merges the two (the activations are kept 
 scheduler may move the recomputation up into the forward pass. `tie_to_gradient(saved, grads)`
 returns the saved inputs through a barrier that also reads the incoming gradients:
 - traced for Inductor (`make_fx`): an opaque op `ember::remat_barrier` returning copies of the
-  floating inputs (one block's worth at a time, freed after its backward);
+  floating inputs (one block's worth at a time, freed after its backward; a DTensor's local shard);
 - on XLA: torch_xla's `optimization_barrier_`, as `torch_xla.utils.checkpoint` does;
 - eagerly: nothing, the backward already runs after the forward.
 """
@@ -68,6 +68,24 @@ def tie_to_gradient(saved: Sequence[Tensor], grads: Sequence[Optional[Tensor]]) 
     if not torch.compiler.is_compiling():
         return list(saved)
     out = list(saved)
+    dtensor = _dtensor_class()
+    if dtensor is not None and any(isinstance(t, dtensor) for t in (*saved, *after)):
+        # DTensor has no rule for ember's op: the barrier runs on the local shards, placed as they were
+        local = lambda t: t.to_local() if isinstance(t, dtensor) else t  # noqa: E731
+        copies = _barrier([local(saved[i]) for i in picked], [local(g) for g in after])
+        for i, t in zip(picked, copies):
+            given = saved[i]
+            out[i] = dtensor.from_local(t, given.device_mesh, given.placements, run_check=False, shape=given.shape,
+                                        stride=given.stride()) if isinstance(given, dtensor) else t
+        return out
     for i, t in zip(picked, _barrier([saved[i] for i in picked], after)):
         out[i] = t
     return out
+
+
+def _dtensor_class() -> Optional[type]:
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor
+
+    return DTensor

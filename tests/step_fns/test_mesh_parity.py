@@ -3,8 +3,8 @@
 - `token_weighting`, dp=2: rank 0's rows hold more valid tokens than rank 1's; the sharded step
   with 1 and 2 microbatches gives the single-device loss, count and gradients, and on DTensor each
   microbatch stays split over the two ranks.
-- `chunked_loss`, tp=2: a Llama whose head is sharded over the vocabulary, with `loss_chunk_size`,
-  gives the plain (unchunked) loss and gradients of one device.
+- `chunked_loss`, tp=2: a Llama whose head is sharded over the vocabulary, with `loss_chunk_size`
+  and its blocks rematerialised, gives the plain (unchunked) loss and gradients of one device.
 
 Each on DTensor over gloo with 2 processes (eager and Inductor) and on torch_xla SPMD with 2
 virtual CPU devices, within 1e-5.
