@@ -75,7 +75,8 @@ def _leading_dim(tree: PyTree, *, what: str) -> Optional[int]:
 
 def _unstack(tree: PyTree, n: int) -> List[PyTree]:
     leaves, spec = tree_flatten(tree)
-    slices = [(None,) * n if leaf is None else leaf.unbind(0) for leaf in leaves]  # n views each
+    # n views each, by `select`: torch 2.9's DTensor has no rule for `unbind` (a DTensor's microbatches)
+    slices = [(None,) * n if leaf is None else [leaf[i] for i in range(n)] for leaf in leaves]
     return [tree_unflatten([s[i] for s in slices], spec) for i in range(n)]
 
 
