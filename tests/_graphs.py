@@ -1,4 +1,4 @@
-"""`scan_nodes`, `scan_outputs`: the `scan` nodes of the graph ember's Inductor step traces for a function."""
+"""`scan_nodes`, `scan_outputs`, `traced`: the graph ember's Inductor step traces for a function, and its `scan` nodes."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ def scan_nodes(fn: Callable[..., Any], *args: Any) -> int:
 def scan_outputs(fn: Callable[..., Any], *args: Any) -> List[int]:
     """How many tensors each `scan` node of `fn`'s traced graph returns (its last carry, then its stacked ys),
     in the graph's order (a forward loop before its backward)."""
+    return [len(node.meta["val"]) for node in traced(fn, *args).graph.nodes
+            if node.op == "call_function" and str(node.target) == "scan"]
+
+
+def traced(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
+    """`fn(*args)` traced as `jit(backend="inductor")` traces a step (its tensors as flat inputs), not compiled."""
     leaves, spec = torch.utils._pytree.tree_flatten(args)
     at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
 
@@ -28,6 +34,4 @@ def scan_outputs(fn: Callable[..., Any], *args: Any) -> List[int]:
         out = fn(*torch.utils._pytree.tree_unflatten(filled, spec))
         return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
-    gm = trace_and_compile(flat, [leaves[i] for i in at])
-    return [len(node.meta["val"]) for node in gm.graph.nodes
-            if node.op == "call_function" and str(node.target) == "scan"]
+    return trace_and_compile(flat, [leaves[i] for i in at])

@@ -30,7 +30,7 @@ Step = Callable[[List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]],
 def torch_scan(step: Step, init: Sequence[torch.Tensor], xs: Sequence[torch.Tensor], consts: Sequence[torch.Tensor],
                *, reverse: bool) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
     """`step(carry, x, consts) -> (carry, ys)` over dim 0 of `xs` (flat lists; `xs` not empty), one node
-    of the traced graph. `ys[i]` comes from `xs[i]`, also with `reverse` (which flips, as torch's wrapper)."""
+    of the traced graph. `ys[i]` comes from `xs[i]`, also with `reverse` (the ys are flipped at the end)."""
     from torch._higher_order_ops.scan import scan_op
 
     n_c, n_x = len(init), len(xs)
@@ -46,14 +46,23 @@ def torch_scan(step: Step, init: Sequence[torch.Tensor], xs: Sequence[torch.Tens
         # values, as the loop will pass them: the op may call the body on its own inputs (its fake-tensor
         # rule), which may require grad, and a gradient taken in the body would then be recorded
         flat = tuple(t.detach() for t in flat)
+        n_sliced = 1 if reverse else n_x
+        carry, x, k = list(flat[:n_c]), list(flat[n_c:n_c + n_sliced]), list(flat[n_c + n_sliced:])
+        if reverse:  # the step's index, then the stacked xs at the end of the consts: read the slice there
+            at = x[0].reshape(1)
+            x, k = [t.index_select(0, at).squeeze(0) for t in k[len(k) - n_x:]], k[:len(k) - n_x]
         with torch._C._ForceDispatchKeyGuard(*keys):
-            new, ys = step(list(flat[:n_c]), list(flat[n_c:n_c + n_x]), list(flat[n_c + n_x:]))
+            new, ys = step(carry, x, k)
         placeholder[:] = [] if ys else [new[0].new_zeros(())]
         return (*new, *ys, *placeholder)
 
     init, xs, consts = _split(_distinct([*init, *xs, *consts]), n_c, n_x)
-    sliced = [torch.flip(x, [0]) for x in xs] if reverse else list(xs)
-    out = scan_op(body, init, sliced, tuple(consts))
+    if reverse:
+        # Walk an index backwards instead of flipping `xs`: a flip copies every stacked input (a backward's
+        # saved activations and the layers' weights, measured 1.67x the unrolled step's peak memory at 125M).
+        length = xs[0].shape[0]
+        xs, consts = [torch.arange(length - 1, -1, -1, device=xs[0].device)], [*consts, *xs]
+    out = scan_op(body, init, xs, tuple(consts))
     carry, ys = list(out[:n_c]), list(out[n_c:len(out) - len(placeholder)])
     return carry, [y.flip([0]) for y in ys] if reverse else ys
 
