@@ -21,6 +21,7 @@ from torch import Tensor
 
 from .compat.xla_loop import inside_xla_fold
 from .define_once import define_once
+from .jit_backends.dtensor_local import rewrap, to_local
 
 __all__: List[str] = []
 
@@ -68,24 +69,9 @@ def tie_to_gradient(saved: Sequence[Tensor], grads: Sequence[Optional[Tensor]]) 
     if not torch.compiler.is_compiling():
         return list(saved)
     out = list(saved)
-    dtensor = _dtensor_class()
-    if dtensor is not None and any(isinstance(t, dtensor) for t in (*saved, *after)):
-        # DTensor has no rule for ember's op: the barrier runs on the local shards, placed as they were
-        local = lambda t: t.to_local() if isinstance(t, dtensor) else t  # noqa: E731
-        copies = _barrier([local(saved[i]) for i in picked], [local(g) for g in after])
-        for i, t in zip(picked, copies):
-            given = saved[i]
-            out[i] = dtensor.from_local(t, given.device_mesh, given.placements, run_check=False, shape=given.shape,
-                                        stride=given.stride()) if isinstance(given, dtensor) else t
-        return out
-    for i, t in zip(picked, _barrier([saved[i] for i in picked], after)):
+    # DTensor has no rule for ember's op: the barrier runs on the local shards, placed back as they were
+    tensors, layouts = to_local([saved[i] for i in picked])
+    copies = rewrap(_barrier(tensors, to_local(after)[0]), layouts)
+    for i, t in zip(picked, copies):
         out[i] = t
     return out
-
-
-def _dtensor_class() -> Optional[type]:
-    if not torch.distributed.is_available():
-        return None
-    from torch.distributed.tensor import DTensor
-
-    return DTensor
