@@ -11,7 +11,9 @@ round-robin in one process after warm-up: `ember_inductor_donated`, `ember_eager
 on a GPU also `ember_inductor_bf16`, `torch_compiled_bf16`. Optional: `ember_inductor` (no
 donation), `torch_compiled_foreach`, `ember_xla` (torch_xla on a virtual CPU device, own process),
 `ember_inductor_cudagraph` / `ember_inductor_bf16_cudagraph` (the donated step replayed as one CUDA
-graph; a GPU only). Each row's MFU is against the measured matmul peak of its own dtype (float32 rows:
+graph; a GPU only), `ember_inductor_list` / `ember_inductor_bf16_list` (the blocks as a list,
+`scan_layers=False`, instead of stacked). The torch baselines run the blocks as a list, as an
+`nn.ModuleList` would. Each row's MFU is against the measured matmul peak of its own dtype (float32 rows:
 float32, TF32 on CUDA unless `--tf32 False`; bf16 rows: bf16), named in the JSON row (`peak_dtype`).
 `--memory` measures transient memory at peak in a fresh process per variant. Any config field is
 a dotted override (`--model.n_layers 1`). Reusable pieces live in `ember.launch.benchmark`.

@@ -157,7 +157,8 @@ def memory_rows(name: str, cfg, eps=(1, 2, 4), fsdp: int = 8) -> list:
         mesh = Mesh.parse(f"fsdp={fsdp},ep={ep}" if ep > 1 else f"fsdp={fsdp}", backend="xla").in_order(MESH_ORDER)
         table = sharding_table(state, mesh, axes=model.axes)
         gate = next(r for r in table if r.path.endswith("mlp.gate") and r.kind == "param")
-        rows.append((name, str(mesh), gate.local_shape[0], memory_per_device(table).total / 2**30))
+        experts = gate.local_shape[-3]  # (layers, experts, hidden, embed) stacked; (experts, ...) in a list
+        rows.append((name, str(mesh), experts, memory_per_device(table).total / 2**30))
     return rows
 
 

@@ -19,8 +19,8 @@ compile time with depth and microbatches.
 Every figure comes from its own fresh process (`--scan-steady` times its two variants side by side
 in one process per policy; otherwise an empty Inductor cache for compile times; glibc's
 mmap threshold pinned at 64 KiB for memory, so freed tensors leave the resident set), and each
-section is reported as ratios to its first row. `--scan` adds `scan_layers=True` rows to the depth
-section; `--backend xla` compiles with torch_xla on a virtual CPU device instead of Inductor.
+section is reported as ratios to its first row. `--scan` measures the depth section with the blocks
+unrolled (`scan_layers=False`) and stacked (the default); `--backend xla` compiles with torch_xla on a virtual CPU device instead of Inductor.
 `--baseline REV` measures every row of the depth, microbatch, remat-memory and scan-steady sections
 twice, alternately: with ember as of git revision REV (a temporary worktree put first on
 `PYTHONPATH`) and with this tree, so an old and a new path are compared on one machine in one run.
@@ -121,7 +121,7 @@ def _shape_overrides(args):
 def remat_memory(args):
     rows = list(_path_header("| remat | scan_layers | transient MiB | vs first row | loss |", "|---|---|---:|---:|---:|"))
     first = {}
-    for scan in ([False, True] if args.scan else [False]):
+    for scan in ([False, True] if args.scan else [True]):
         for policy in args.remat_memory.split(","):
             overrides = {"model.remat": policy, "model.scan_layers": scan, **_shape_overrides(args)}
             for tree in TREES:
@@ -254,17 +254,18 @@ def compile_scaling(args, field, values, label):
         f"| {label} | scan_layers | first step (s) | vs first row | second step (s) | compile (s) | vs first row |",
         "|---:|---|---:|---:|---:|---:|---:|"))
     first = {}
-    for scan in ([False, True] if args.scan and field == "model.n_layers" else [False]):
+    both = args.scan and field == "model.n_layers"
+    for scan in ([False, True] if both else [True]):
         for v in values:
             overrides = {**args.overrides, field: v, "model.remat": args.remat,
-                         **({"model.scan_layers": True} if scan else {})}
+                         **({"model.scan_layers": scan} if both else {})}
             if field == "microbatches":
                 overrides["data.batch_size"] = max(values)
             for tree in TREES:
                 r = _child(dict(what="compile", config=args.config, backend=args.backend, overrides=overrides), tree)
                 compile_s = r["first_call_s"] - r["warm_call_s"]
                 base = first.setdefault((tree, scan), (r["first_call_s"], compile_s))
-                scanned = overrides.get("model.scan_layers", scan)  # `--set model.scan_layers=True` too
+                scanned = overrides.get("model.scan_layers", scan)  # `--set model.scan_layers=False` too
                 rows.append(f"{_label(tree)}| {v} | {scanned} | {r['first_call_s']:.1f} | {_ratio(r['first_call_s'], base[0])} | "
                             f"{r['warm_call_s']:.2f} | {compile_s:.1f} | {_ratio(compile_s, base[1])} |")
                 print(rows[-1], flush=True)
@@ -296,7 +297,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, help="batch size override for --remat-memory / --scan-steady")
     p.add_argument("--seq", type=int, help="sequence length override for --remat-memory / --scan-steady")
     p.add_argument("--scan", action="store_true",
-                   help="also measure --compile-depth and --remat-memory with scan_layers=True")
+                   help="measure --compile-depth and --remat-memory with scan_layers False and True")
     p.add_argument("--remat", default="none", help="remat policy of the model in the compile-time rows")
     p.add_argument("--config", default="llama3_tiny", help="registered run config for compile times")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",

@@ -10,7 +10,7 @@ imported. `to_hf(model, params, path)` writes `config.json` and `model.safetenso
 
 What is family-specific (config keys, tensor names, transposes) lives in each family's `hf.py`,
 which registers an `HFAdapter` for its HF `model_type`; this module picks the adapter and does what
-every family shares: stacking blocks for `scan_layers=True` (unstacking on export), checking params
+every family shares: stacking blocks (the default `scan_layers=True`; unstacking on export), checking params
 against the model, files. `StateReader`, `require_hf_value` and `check_tied_head` help adapters.
 
 Example:
@@ -22,9 +22,10 @@ Example:
     >>> params = model.init(random.key(0))
     >>> with tempfile.TemporaryDirectory() as d:
     ...     to_hf(model, params, d)
-    ...     model2, params2 = from_hf(d, scan_layers=True)
-    >>> model2.config.scan_layers, tuple(params2["blocks"]["attn"]["wq"]["weight"].shape)
-    (True, (2, 128, 128))
+    ...     model2, params2 = from_hf(d)
+    ...     listed, params3 = from_hf(d, scan_layers=False)
+    >>> tuple(params2["blocks"]["attn"]["wq"]["weight"].shape), len(params3["blocks"])
+    ((2, 128, 128), 2)
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> Any:
 
     Args:
         hf_config: the parsed `config.json` (`model_type` of a native family: "gpt2", "llama", "qwen2", ...).
-        **overrides: ember config fields to set (e.g. `scan_layers=True`, `remat=True`, `dropout=0.0`).
+        **overrides: ember config fields to set (e.g. `scan_layers=False`, `remat=True`, `dropout=0.0`).
 
     Returns:
         The family's config (`GPT2Config`, `Llama3Config`, `Qwen2Config`, ...).
@@ -232,7 +233,7 @@ def params_from_hf(state: Mapping[str, Tensor], config: Any) -> Params:
 
     Args:
         state: HF tensor name -> tensor.
-        config: the ember config (from `config_from_hf`); `scan_layers=True` stacks the blocks.
+        config: the ember config (from `config_from_hf`); `scan_layers` (the default) stacks the blocks.
 
     Returns:
         The params tree of the family's model for `config` (tensors are the checkpoint's, or
@@ -304,7 +305,7 @@ def from_hf(
             `model.safetensors.index.json`).
         dtype: cast every tensor to this dtype; None keeps the checkpoint's.
         device: where to load the tensors.
-        **overrides: ember config fields to change (`scan_layers=True`, `remat=True`, `dropout=0.0`...).
+        **overrides: ember config fields to change (`scan_layers=False`, `remat=True`, `dropout=0.0`...).
             GPT-2 configs carry HF's dropout (0.1 by default), which ember applies whenever `apply`
             gets a key; pass `dropout=0.0` to fine-tune without it.
 

@@ -13,7 +13,8 @@ pytrees: `to_lora(model)` returns a `LoRAModel` whose params are `{"base": param
 and whose `apply` merges the factors into the weights functionally before calling the base model
 (traceable; it costs one extra weight-sized tensor per targeted matrix, never touches activations,
 and works for any model, ember's or bridged). The LoRA tree mirrors the params tree, keeping only
-the targeted weights, each replaced by `{"a": A, "b": B}`: `blocks.0.attn.wq.weight.a`.
+the targeted weights, each replaced by `{"a": A, "b": B}`: `blocks.attn.wq.weight.a` (stacked blocks: a
+factor per layer, `(L, r, in)`).
 
 Freezing the base takes two things: `apply` detaches the base weights (their gradients are exact
 zeros, and no weight gradient is computed for them), and the optimizer updates only the LoRA
@@ -29,9 +30,9 @@ Example:
     >>> base = build_model("llama3", "tiny")
     >>> model = to_lora(base, rank=4, alpha=8.0, targets=("wq", "wv"))
     >>> params = model.init(random.key(0))
-    >>> tuple(params["lora"]["blocks"][0]["attn"]["wq"]["weight"]["a"].shape)
-    (4, 128)
-    >>> lora_mask(params)["lora"]["blocks"][0]["attn"]["wv"]["weight"]
+    >>> tuple(params["lora"]["blocks"]["attn"]["wq"]["weight"]["a"].shape)
+    (2, 4, 128)
+    >>> lora_mask(params)["lora"]["blocks"]["attn"]["wv"]["weight"]
     {'a': True, 'b': True}
     >>> tokens = torch.zeros(1, 8, dtype=torch.long)
     >>> torch.equal(model.apply(params, tokens), base.apply(params["base"], tokens))  # B = 0
@@ -126,7 +127,7 @@ def lora_targets(params: Params, targets: Targets = ("wq", "wv")) -> List[str]:
     Example:
         >>> from ember.models import build_model
         >>> lora_targets(build_model("llama3", "tiny").param_shapes(), ("wq",))
-        ['blocks.0.attn.wq.weight', 'blocks.1.attn.wq.weight']
+        ['blocks.attn.wq.weight']
     """
     _check_targets(targets)
     leaves = pytree.tree_leaves_with_path(params)

@@ -40,8 +40,8 @@ process with the environment set):
     >>> mesh = Mesh.parse("fsdp=2,tp=2", devices=4, backend="xla")  # doctest: +SKIP
     >>> sharding = Sharding(mesh, for_mesh(mesh.names))  # builds XlaLowering  # doctest: +SKIP
     >>> params = shard(params, sharding, axes=model.axes)  # doctest: +SKIP
-    >>> sharding.lowering.local_shape(params["blocks"][0]["mlp"]["gate"]["weight"])  # doctest: +SKIP
-    (ffn_dim // 2, d_model // 2)
+    >>> sharding.lowering.local_shape(params["blocks"]["mlp"]["gate"]["weight"])  # doctest: +SKIP
+    (n_layers, ffn_dim // 2, d_model // 2)
 """
 
 from __future__ import annotations

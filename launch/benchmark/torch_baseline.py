@@ -16,10 +16,17 @@ from .setup import Setup, Variant, bench_optim_config, sync
 
 
 class TorchLM(torch.nn.Module):
-    """The ember model as a `torch.nn.Module`: ember params as `nn.Parameter`s, forward = `model.apply` + CE."""
+    """The ember model as a `torch.nn.Module`: ember params as `nn.Parameter`s, forward = `model.apply` + CE.
+
+    Stacked blocks (`scan_layers`) are unstacked first: the baseline is the list of layers a PyTorch
+    model holds (an `nn.ModuleList`), which `torch.compile` unrolls.
+    """
 
     def __init__(self, model: Any, params: Any) -> None:
         super().__init__()
+        if getattr(getattr(model, "config", None), "scan_layers", False):
+            params = {**params, "blocks": model.children["blocks"].unstack(params["blocks"])}
+            model = type(model)(model.config.replace(scan_layers=False))
         leaves, self._spec = tree_flatten(params)
         self.weights = torch.nn.ParameterList([torch.nn.Parameter(t.detach().clone()) for t in leaves])
         self.model = model

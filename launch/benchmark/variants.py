@@ -63,13 +63,16 @@ def ember_variant(s: Setup, *, backend: str, donate: str = "state", compute_dtyp
                          + ("" if patches else ", EMBER_DISABLE_PATCHES=all"))
 
 
-def _scanned_variant(s: Setup, compute_dtype: Optional[torch.dtype] = None) -> Variant:
-    """The donated Inductor step on `s`'s model with its layers stacked and scanned, from the same weights."""
-    model = build_model(s.cfg.family, dataclasses.replace(s.cfg.model, scan_layers=True))
-    blocks = model.children["blocks"].stack(s.params["blocks"])
-    scanned = dataclasses.replace(s, model=model, params={**s.params, "blocks": blocks})
-    variant = ember_variant(scanned, backend="inductor", compute_dtype=compute_dtype)
-    variant.notes += f" with model.scan_layers=True (remat {s.cfg.model.remat!r})"
+def _listed_variant(s: Setup, compute_dtype: Optional[torch.dtype] = None) -> Variant:
+    """The donated Inductor step on `s`'s model with its layers as a list (`scan_layers=False`), same weights."""
+    if not s.cfg.model.scan_layers:
+        raise ValueError("ember_inductor_list compares the list of blocks with the stacked default, but the run "
+                         "config already has scan_layers=False: drop --model.scan_layers False.")
+    model = build_model(s.cfg.family, dataclasses.replace(s.cfg.model, scan_layers=False))
+    blocks = s.model.children["blocks"].unstack(s.params["blocks"])
+    listed = dataclasses.replace(s, model=model, params={**s.params, "blocks": blocks})
+    variant = ember_variant(listed, backend="inductor", compute_dtype=compute_dtype)
+    variant.notes += f" with model.scan_layers=False (remat {s.cfg.model.remat!r})"
     return variant
 
 
@@ -78,8 +81,8 @@ VARIANTS: Dict[str, Callable[[Setup], Variant]] = {
     "ember_inductor": lambda s: ember_variant(s, backend="inductor", donate="none"),
     "ember_inductor_donated_noskip": lambda s: ember_variant(s, backend="inductor", skip_nonfinite=False),
     "ember_inductor_nondeterministic": lambda s: ember_variant(s, backend="inductor", deterministic=False),
-    "ember_inductor_scan": _scanned_variant,
-    "ember_inductor_bf16_scan": lambda s: _scanned_variant(s, compute_dtype=torch.bfloat16),
+    "ember_inductor_list": _listed_variant,
+    "ember_inductor_bf16_list": lambda s: _listed_variant(s, compute_dtype=torch.bfloat16),
     "ember_inductor_no_patches": lambda s: ember_variant(s, backend="inductor", patches=False),
     "ember_eager": lambda s: ember_variant(s, backend="eager"),
     "ember_inductor_bf16": lambda s: ember_variant(s, backend="inductor", compute_dtype=torch.bfloat16),

@@ -14,10 +14,10 @@ Example:
     >>> from ember.models import build_model
     >>> model = build_model("dots1", "tiny")
     >>> params = model.init(random.key(0))
-    >>> sorted(params["blocks"][1]["mlp"]), sorted(params["blocks"][0]["mlp"])
+    >>> sorted(params["blocks"][1]["mlp"]), sorted(params["blocks"][0]["mlp"])  # a stack per run: dense, MoE
     (['down', 'gate', 'router', 'shared', 'up'], ['down', 'gate', 'up'])
-    >>> tuple(params["blocks"][1]["mlp"]["router"]["expert_bias"].shape)
-    (8,)
+    >>> tuple(params["blocks"][1]["mlp"]["router"]["expert_bias"].shape)  # (MoE layers, experts)
+    (2, 8)
 """
 
 from __future__ import annotations

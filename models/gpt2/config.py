@@ -51,11 +51,11 @@ class GPT2Config:
     """MLP nonlinearity: GPT-2's tanh approximation (HF "gelu_new") or exact erf GELU (nanoGPT)."""
     init_std: float = 0.02
     """Standard deviation of weight init (GPT-2 / HF initializer_range)."""
-    scan_layers: bool = False
-    """Stack the blocks' params along a leading "layers" axis (the checkpoint layout changes) and run them
-    as one rolled loop each way (`remat_scan`). In ember's Inductor step the default list of blocks
-    rolls too, from 6 equal blocks (`Sequential.roll_from`: compile time flat in depth either way);
-    stacked, the loop also rolls on torch_xla (remat "full") and the rules can shard the "layers" axis."""
+    scan_layers: bool = True
+    """Store the blocks stacked along a leading "layers" axis and run them as one rolled loop each way
+    (`remat_scan`), as MaxText and Levanter do: compile time flat in depth on Inductor and torch_xla,
+    the optimizer update one batched leaf per parameter kind, and a "layers" axis the rules can shard.
+    False: a list of blocks (Hugging Face's layout, which `from_hf` and `to_hf` convert either way)."""
     remat: str = "none"
     """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"
     (keep matmul outputs), "dots_with_no_batch_dims_saveable", or "save:<tag>,..." (keep the

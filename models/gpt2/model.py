@@ -22,8 +22,9 @@ weight of a linear map is `(out, in)`):
     blocks.{i}.mlp.proj.{weight,bias}      (d, F), (d,)        weight axes ("embed", "mlp")
     ln_f.{weight,bias}                     (d,)
 
-`blocks` is a list; with `scan_layers=True` it is one tree whose leaves have a leading `(L,)` dim
-(`blocks.attn.wq.weight: (L, d, d)`, axes prefixed with "layers"). Hugging Face `GPT2LMHeadModel`
+By default (`scan_layers=True`) `blocks` is one tree whose leaves have a leading `(L,)` dim
+(`blocks.attn.wq.weight: (L, d, d)`, axes prefixed with "layers"); with `scan_layers=False` it is the
+list shown above. Hugging Face `GPT2LMHeadModel`
 stores `Conv1D` weights as `(in, out)`, fuses q/k/v into `c_attn`, and calls these `h.{i}.attn.c_attn`,
 `c_proj`, `mlp.c_fc`, `mlp.c_proj`: a transpose and a split away.
 

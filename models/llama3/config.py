@@ -68,13 +68,13 @@ class Llama3Config:
     alike (Llama 3, Qwen, Mistral); Gemma's config.json sets 0."""
     init_std: float = 0.02
     """Standard deviation of weight init (HF `initializer_range`)."""
-    scan_layers: bool = False
-    """Stack the blocks' params along a leading "layers" axis (the checkpoint layout changes) and run them
-    as one rolled loop each way (`remat_scan`). In ember's Inductor step the default list of blocks
-    rolls too, from 6 equal blocks (`Sequential.roll_from`: compile time flat in depth either way);
-    stacked, the loop also rolls on torch_xla (remat "full") and the rules can shard the "layers" axis.
+    scan_layers: bool = True
+    """Store the blocks stacked along a leading "layers" axis and run them as one rolled loop each way
+    (`remat_scan`), as MaxText and Levanter do: compile time flat in depth on Inductor and torch_xla,
+    the optimizer update one batched leaf per parameter kind, and a "layers" axis the rules can shard.
     Blocks of different kinds (dense, then mixture of experts) become one stack per run of equal
-    blocks (`Stacks`)."""
+    blocks (`Stacks`). False: a list of blocks (Hugging Face's layout, which `from_hf` and `to_hf`
+    convert either way; checkpoints of either layout load with the matching setting)."""
     remat: str = "none"
     """Activation checkpointing per block: "none", "full" (keep block inputs only), "dots_saveable"
     (keep matmul outputs), "dots_with_no_batch_dims_saveable", or "save:<tag>,..." (keep the

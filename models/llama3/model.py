@@ -26,9 +26,10 @@ Parameter tree (`L = n_layers`, `d = d_model`, `V = vocab_size`, `H = n_heads`, 
 
 With `pad_token_id` set, that row of `wte.weight` gets no gradient from the lookup (HF's `padding_idx`).
 These are Hugging Face `LlamaForCausalLM`'s tensors in the same layout, with no transposes and no
-q/k permutation (RoPE uses HF's rotate-half pairing). With `scan_layers=True`, `blocks` is one tree
-with a leading `(L,)` dim, or, where kinds of blocks follow one another (dense, then mixture of
-experts), a list with one such tree per run (`Stacks`).
+q/k permutation (RoPE uses HF's rotate-half pairing). By default (`scan_layers=True`) `blocks` is one
+tree with a leading `(L,)` dim (`blocks.attn.wq.weight: (L, H*D, d)`), or, where kinds of blocks follow
+one another (dense, then mixture of experts), a list with one such tree per run (`Stacks`); with
+`scan_layers=False` it is the list shown above.
 
 Example:
     >>> import torch

@@ -10,7 +10,7 @@ Example:
     >>> from ember.core import random
     >>> from ember.models import build_model
     >>> params = build_model("mixtral", "tiny").init(random.key(0))
-    >>> sorted(params["blocks"][0]["mlp"]), sorted(params["blocks"][0]["attn"])
+    >>> sorted(params["blocks"]["mlp"]), sorted(params["blocks"]["attn"])
     (['down', 'gate', 'router', 'up'], ['wk', 'wo', 'wq', 'wv'])
 """
 

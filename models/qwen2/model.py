@@ -14,8 +14,8 @@ Example:
     >>> from ember.models import build_model
     >>> model = build_model("qwen2", "tiny")
     >>> params = model.init(random.key(0))
-    >>> tuple(params["blocks"][0]["attn"]["wk"]["bias"].shape), "bias" in params["blocks"][0]["attn"]["wo"]
-    ((64,), False)
+    >>> tuple(params["blocks"]["attn"]["wk"]["bias"].shape), "bias" in params["blocks"]["attn"]["wo"]  # (L, ...)
+    ((2, 64), False)
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ Example:
     >>> from ember.models import build_model
     >>> model = build_model("qwen3", "tiny")
     >>> params = model.init(random.key(0))
-    >>> tuple(params["blocks"][0]["attn"]["q_norm"]["weight"].shape), tuple(params["blocks"][0]["attn"]["wq"]["weight"].shape)
-    ((64,), (256, 128))
+    >>> tuple(params["blocks"]["attn"]["q_norm"]["weight"].shape), tuple(params["blocks"]["attn"]["wq"]["weight"].shape)
+    ((2, 64), (2, 256, 128))
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ Example:
     >>> from ember.models import build_model
     >>> model = build_model("qwen3_moe", "tiny")
     >>> params = model.init(random.key(0))
-    >>> tuple(params["blocks"][0]["mlp"]["gate"].shape)
-    (8, 64, 128)
+    >>> tuple(params["blocks"]["mlp"]["gate"].shape)  # (layers, experts, hidden, embed)
+    (2, 8, 64, 128)
     >>> hidden, stats = model.features_and_extras(params, torch.zeros(2, 16, dtype=torch.long))
     >>> hidden.shape, float(stats["rows"])     # 2 MoE layers x 32 tokens
     (torch.Size([2, 16, 128]), 64.0)

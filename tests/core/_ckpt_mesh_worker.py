@@ -24,7 +24,7 @@ import torch
 
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16)
 BATCH, SEQ = 8, 16
-PROBE = "blocks.0.mlp.gate.weight"  # its local shard shape shows the restored layout
+PROBE = "blocks.mlp.gate.weight"  # its local shard shape shows the restored layout (layers stacked first)
 
 
 def setup(seed: int = 0):
@@ -65,7 +65,7 @@ def _restored_run(ckpt, text, backend, model, tx, like, batches, name, out, rank
     low = sharding.lowering
     state, _, meta = ckpt.restore(like=like, sharding=sharding, axes=model.axes)
     restore_s = time.perf_counter() - start
-    local = list(low.local_shape(state.params["blocks"][0]["mlp"]["gate"]["weight"]))
+    local = list(low.local_shape(state.params["blocks"]["mlp"]["gate"]["weight"]))
     params = params_of(state, low.gather)  # collective on DTensor meshes
     step = train_step(lm_loss(model), tx)
     if backend == "xla":

@@ -232,15 +232,17 @@ def saved_llama(tmp_path):
 
 def test_another_arch_is_refused_before_reading_naming_leaves_and_both_models(saved_llama):
     root, _, _ = saved_llama
-    model = build_model("llama3", "tiny", **{**LLAMA, "n_layers": 3, "d_model": 48, "ffn_dim": 96})
+    model = build_model("llama3", "tiny", **{**LLAMA, "n_layers": 3, "d_model": 48, "ffn_dim": 96},
+                        scan_layers=False)  # a list of blocks: its leaves are not the stacked checkpoint's
     like = TrainState.create(params=model.init(random.key(0)), tx=optim.adamw(1e-3))
     before = snapshot(root)
     with CheckpointManager(root) as ckpt, pytest.raises(CheckpointError) as err:
         ckpt.restore(like=like, model_info=model_info("llama3", model.config, arch="tiny"))
     msg = str(err.value)
     assert "params.wte.weight: (64, 32) float32 vs (64, 48) float32" in msg
-    assert "not in the checkpoint" in msg and "params.blocks.2." in msg
+    assert "not in the checkpoint" in msg and "params.blocks.0." in msg
     assert "config.d_model: 32 (checkpoint) vs 48" in msg and "config.n_layers: 2 (checkpoint) vs 3" in msg
+    assert "config.scan_layers: True (checkpoint) vs False" in msg
     assert snapshot(root) == before
 
 

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.xdist_group("checkpoint_mesh")  # one worker runs the m
 LOSS_ATOL = 1e-5
 PARAM_ATOL = 1e-5
 F, D = W.LLAMA["ffn_dim"], W.LLAMA["d_model"]
-PROBE_LOCAL = {"dp=2,tp=2": [F // 2, D], "fsdp=4": [F, D // 4], "fsdp=2,tp=2": [F // 2, D // 2]}
+L = W.LLAMA["n_layers"]  # the blocks stacked: the layers axis first, whole
+PROBE_LOCAL = {"dp=2,tp=2": [L, F // 2, D], "fsdp=4": [L, F, D // 4], "fsdp=2,tp=2": [L, F // 2, D // 2]}
 
 
 def _run(cmd, env=None, timeout=900):  # a hang guard: a cold Inductor cache beside another test took over 300 s

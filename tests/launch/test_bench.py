@@ -49,12 +49,12 @@ def test_quick_run_reports_every_default_variant(tmp_path):
 
 
 @pytest.mark.bench  # a section of the script end to end: `make test-bench`
-def test_scan_variant_trains_the_same_weights_stacked(tmp_path):
-    res, stdout = _bench(tmp_path, "--variants", "ember_eager,ember_inductor_scan", "--model.n_layers", "2",
+def test_list_variant_trains_the_same_weights_unstacked(tmp_path):
+    res, stdout = _bench(tmp_path, "--variants", "ember_eager,ember_inductor_list", "--model.n_layers", "2",
                          "--data.batch_size", "4", "--data.seq_len", "32")
     first = {name: r["first_loss"] for name, r in res["variants"].items()}
-    assert first["ember_inductor_scan"] == pytest.approx(first["ember_eager"], abs=1e-4)
-    assert "scan_layers=True" in stdout
+    assert first["ember_inductor_list"] == pytest.approx(first["ember_eager"], abs=1e-4)
+    assert "scan_layers=False" in stdout
 
 
 @pytest.mark.slow

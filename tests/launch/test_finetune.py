@@ -119,7 +119,7 @@ def test_the_readme_lora_run_exports_merged_weights_that_transformers_loads(read
     with CheckpointManager(root / "runs/lora_gemma/checkpoints", read_only=True) as saved:
         params = saved.restore_params(like=model.param_shapes())
     pytree.tree_map(lambda x, y: torch.testing.assert_close(x, y, rtol=0, atol=0), params["base"], base_params)
-    assert params["lora"]["blocks"][0]["attn"]["wq"]["weight"]["b"].abs().max() > 0  # the adapters trained
+    assert params["lora"]["blocks"]["attn"]["wq"]["weight"]["b"].abs().max() > 0  # the adapters trained
     tokens = torch.randint(0, 320, (2, 24), generator=torch.Generator().manual_seed(0))
     reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     with torch.no_grad():

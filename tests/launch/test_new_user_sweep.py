@@ -102,7 +102,7 @@ def sweep(tmp_path_factory):
     commands = [
         ("run", "train", ["--steps", "3", "--eval_every", "3", *keep, *ONE_LAYER]),
         ("resume-layers", "train", ["--resume", "--steps", "4", *keep, *ONE_LAYER, "--model.n_layers", "2"]),
-        ("resume-scan", "train", ["--resume", "--steps", "4", *keep, *ONE_LAYER, "--model.scan_layers", "True"]),
+        ("resume-scan", "train", ["--resume", "--steps", "4", *keep, *ONE_LAYER, "--model.scan_layers", "False"]),
         ("export", "ckpt", ["export", str(run), "--hf", "--out", str(root / "hf")]),
         ("init-from-folder", "train", ["--config", "qwen2_tiny", "--init_from", folder, "--steps", "1",
                                        "--eval_every", "0", "--out", str(root / "from_folder"), *TINY]),
@@ -162,7 +162,7 @@ def test_resume_after_changing_the_model_names_the_flags_in_one_short_line(sweep
     assert _error(sweep["results"]["resume-layers"]) == where + (
         "n_layers 1 there, 2 configured. To resume it, set --model.n_layers 1.")
     assert _error(sweep["results"]["resume-scan"]) == where + (
-        "scan_layers False there, True configured. To resume it, set --model.scan_layers False.")
+        "scan_layers True there, False configured. To resume it, set --model.scan_layers True.")
 
 
 def test_bad_data_files_name_the_file_and_the_fix(sweep):
@@ -235,7 +235,7 @@ def test_jax_and_optax_habits_get_jax_paths_and_ember_names(tmp_path):
 def test_help_flags_and_refusals_say_what_is_true(sweep):
     """Case 7: --family "" takes the folder's family; LoRA on experts and an uneven pp name the real reason."""
     r = sweep["results"]
-    assert r["family-empty"]["code"] == 0 and "blocks.0.attn.wq.bias" in r["family-empty"]["out"], r["family-empty"]
+    assert r["family-empty"]["code"] == 0 and "blocks.attn.wq.bias" in r["family-empty"]["out"], r["family-empty"]
     lora = _error(r["lora-experts"])
     assert "is a stacked tensor (as a mixture's experts are stored), not a layer's `.weight`" in lora, lora
     assert "rank >= 2" not in lora

@@ -53,7 +53,7 @@ def test_users_own_family_from_the_readme(tmp_path, monkeypatch, capsys):
 def test_dry_run_prints_shapes_axes_memory(capsys):
     assert train.main(["--dry-run", "--config", "gpt2_tiny"]) is None
     out = capsys.readouterr().out
-    assert "blocks.0.attn.wq.weight" in out and "('heads', 'embed')" in out
+    assert "blocks.attn.wq.weight" in out and "('layers', 'heads', 'embed')" in out
     assert "total:" in out and "GiB" in out
 
 

@@ -46,9 +46,9 @@ MISTAKES = {
     "too-short": (["--data.source", "text", "--data.path", "{root}/short.txt"], "needs at least 33 tokens"),
     "no-such-step": (["--resume_step", "7"], "--resume_step 7: no checkpoint for step 7 in .*saved steps: 2"),
     "mesh-without-torchrun": (["--mesh", "dp=2"], "start it as `python launch/train.py --nproc-per-node N --mesh dp=2"),
-    "pp-blocks-unstacked": (["--nproc-per-node", "2", "--mesh", "pp=2"],
+    "pp-blocks-unstacked": (["--nproc-per-node", "2", "--mesh", "pp=2", "--model.scan_layers", "false"],
                             "this model's blocks are a list, not one stack: pass --model.scan_layers true"),
-    "pp-layers-uneven": (["--nproc-per-node", "2", "--mesh", "pp=2", "--model.scan_layers", "true"],
+    "pp-layers-uneven": (["--nproc-per-node", "2", "--mesh", "pp=2"],
                          r"--mesh pp=2 splits the layers into pp=2 stages, but the model's 1 stacked layer does not "
                          r"split into 2 equal stages: pass --model.n_layers 2 \(a multiple of 2\)\. "),
     "cp-sequence-uneven": (["--nproc-per-node", "2", "--mesh", "cp=2", "--data.seq_len", "30"],

@@ -53,7 +53,7 @@ def _train(family: str, backend: str, remat: str, scan: bool, device: torch.devi
     from ember.core.step_fns import train_step
     from ember.models import build_model, lm_loss
 
-    reference = build_model(family, _config(family))
+    reference = build_model(family, _config(family, scan_layers=False))
     model = build_model(family, _config(family, remat=remat, scan_layers=scan))
     params = reference.init(random.key(0))
     blocks = model.children["blocks"] if scan else None

@@ -69,11 +69,11 @@ def test_residual_projections_use_scaled_init():
     cfg = GPT2Config(vocab_size=256, max_seq_len=16, n_layers=8, n_heads=4, d_model=64)
     model = GPT2(cfg)
     scaled = 0.02 / math.sqrt(2 * 8)  # GPT-2 §2.3: residual projections scaled by 1/sqrt(N), N = 2 per block
-    blk = model.children["blocks"].layers[0]
+    blk = model.children["blocks"].layer
     assert blk.attn.out_init == inits.normal(scaled) and blk.mlp.proj_init == inits.normal(scaled)
     assert blk.attn.qkv_init == inits.normal(0.02) and blk.mlp.fc_init == inits.normal(0.02)
     params = model.init(random.key(0))
-    p0 = params["blocks"][0]
+    p0 = epytree.tree_map(lambda leaf: leaf[0], params["blocks"])
     assert abs(p0["mlp"]["proj"]["weight"].std().item() - scaled) < 0.05 * scaled
     assert abs(p0["attn"]["wq"]["weight"].std().item() - 0.02) < 0.002
     assert torch.equal(p0["ln_1"]["weight"], torch.ones(64)) and torch.equal(p0["attn"]["wq"]["bias"], torch.zeros(64))
@@ -88,7 +88,7 @@ def test_positions_kwarg_shifts_learned_positions(gpt2_cfg):
 
 
 def test_scan_layers_equals_unrolled(gpt2_cfg):
-    unrolled, scanned = GPT2(gpt2_cfg), GPT2(gpt2_cfg.replace(scan_layers=True))
+    unrolled, scanned = GPT2(gpt2_cfg.replace(scan_layers=False)), GPT2(gpt2_cfg)
     p_u, p_s = unrolled.init(random.key(0)), scanned.init(random.key(0))
     assert_trees_all_equal({**p_u, "blocks": stack_trees(p_u["blocks"])}, p_s)
     tok = _tokens()
@@ -102,16 +102,19 @@ def test_param_tree_layout():
     paths = epytree.tree_paths(model.param_shapes())
     assert paths == [
         "wte.weight", "wpe.weight",
-        "blocks.0.ln_1.weight", "blocks.0.ln_1.bias",
-        "blocks.0.attn.wq.weight", "blocks.0.attn.wq.bias", "blocks.0.attn.wk.weight", "blocks.0.attn.wk.bias",
-        "blocks.0.attn.wv.weight", "blocks.0.attn.wv.bias", "blocks.0.attn.wo.weight", "blocks.0.attn.wo.bias",
-        "blocks.0.ln_2.weight", "blocks.0.ln_2.bias",
-        "blocks.0.mlp.fc.weight", "blocks.0.mlp.fc.bias", "blocks.0.mlp.proj.weight", "blocks.0.mlp.proj.bias",
+        "blocks.ln_1.weight", "blocks.ln_1.bias",
+        "blocks.attn.wq.weight", "blocks.attn.wq.bias", "blocks.attn.wk.weight", "blocks.attn.wk.bias",
+        "blocks.attn.wv.weight", "blocks.attn.wv.bias", "blocks.attn.wo.weight", "blocks.attn.wo.bias",
+        "blocks.ln_2.weight", "blocks.ln_2.bias",
+        "blocks.mlp.fc.weight", "blocks.mlp.fc.bias", "blocks.mlp.proj.weight", "blocks.mlp.proj.bias",
         "ln_f.weight", "ln_f.bias",
     ]
     shapes = model.param_shapes()
     assert shapes["wpe"]["weight"].shape == (128, 64) and model.axes["wpe"]["weight"] == (None, "embed")
-    assert shapes["blocks"][0]["mlp"]["fc"]["weight"].shape == (256, 64)
+    assert shapes["blocks"]["mlp"]["fc"]["weight"].shape == (1, 256, 64)
+    assert model.axes["blocks"]["mlp"]["fc"]["weight"] == ("layers", "mlp", "embed")
+    listed = build_model("gpt2", "tiny", n_layers=1, scan_layers=False)
+    assert epytree.tree_paths(listed.param_shapes())[2] == "blocks.0.ln_1.weight"
 
 
 def test_gpt2_small_has_124m_params():

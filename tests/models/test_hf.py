@@ -200,8 +200,8 @@ def test_scan_layers_round_trip(family, gpt2_dir, tmp_path):
     else:
         hf = _hf_llama(False, LLAMA3_SCALING)
         path = _save(hf, tmp_path / "src")
-    model, params = from_hf(path)
-    smodel, sparams = from_hf(path, scan_layers=True)
+    model, params = from_hf(path, scan_layers=False)
+    smodel, sparams = from_hf(path)
     assert smodel.config.scan_layers and not model.config.scan_layers
     for p, leaf in pytree.tree_leaves_with_path(sparams["blocks"]):
         assert leaf.shape[0] == 2, p  # (L, ...)

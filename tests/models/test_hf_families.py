@@ -95,8 +95,8 @@ def test_export_is_exact_and_transformers_reloads_it(case, tmp_path):
 
 def test_qwen2_biases_are_loaded_and_matter(tmp_path):
     model, params = from_hf(_save(_qwen2_with_biases(), tmp_path))
-    bias = params["blocks"][0]["attn"]["wq"]["bias"]
-    assert bias.abs().sum() > 0 and "bias" not in params["blocks"][0]["attn"]["wo"]
+    bias = params["blocks"]["attn"]["wq"]["bias"][0]
+    assert bias.abs().sum() > 0 and "bias" not in params["blocks"]["attn"]["wo"]
     zeroed = pytree.tree_map_with_path(lambda p, t: torch.zeros_like(t) if p.endswith("bias") else t, params)
     ids = _ids(16)
     assert _max_diff(model.apply(zeroed, ids), model.apply(params, ids)) > 1e-3

@@ -83,7 +83,7 @@ def test_rope_scaling_changes_only_long_wavelengths(llama3_cfg):
 
 
 def test_scan_layers_equals_unrolled(llama3_cfg):
-    unrolled, scanned = Llama3(llama3_cfg), Llama3(llama3_cfg.replace(scan_layers=True, remat=True))
+    unrolled, scanned = Llama3(llama3_cfg.replace(scan_layers=False)), Llama3(llama3_cfg.replace(remat=True))
     p_u, p_s = unrolled.init(random.key(0)), scanned.init(random.key(0))
     restacked = {**p_u, "blocks": stack_trees(p_u["blocks"])}
     assert_trees_all_equal(restacked, p_s)
@@ -96,22 +96,24 @@ def test_scan_layers_equals_unrolled(llama3_cfg):
 
 
 def test_param_tree_layout():
-    model = build_model("llama3", "tiny", n_layers=1, tie_embeddings=False)
+    model = build_model("llama3", "tiny", n_layers=2, tie_embeddings=False)
     shapes = {p: tuple(t.shape) for p, t in epytree.tree_leaves_with_path(model.param_shapes())}
     assert shapes == {
         "wte.weight": (256, 128),
-        "blocks.0.ln_1.weight": (128,),
-        "blocks.0.attn.wq.weight": (128, 128),
-        "blocks.0.attn.wk.weight": (64, 128),
-        "blocks.0.attn.wv.weight": (64, 128),
-        "blocks.0.attn.wo.weight": (128, 128),
-        "blocks.0.ln_2.weight": (128,),
-        "blocks.0.mlp.gate.weight": (384, 128),
-        "blocks.0.mlp.up.weight": (384, 128),
-        "blocks.0.mlp.down.weight": (128, 384),
+        "blocks.ln_1.weight": (2, 128),
+        "blocks.attn.wq.weight": (2, 128, 128),
+        "blocks.attn.wk.weight": (2, 64, 128),
+        "blocks.attn.wv.weight": (2, 64, 128),
+        "blocks.attn.wo.weight": (2, 128, 128),
+        "blocks.ln_2.weight": (2, 128),
+        "blocks.mlp.gate.weight": (2, 384, 128),
+        "blocks.mlp.up.weight": (2, 384, 128),
+        "blocks.mlp.down.weight": (2, 128, 384),
         "ln_f.weight": (128,),
         "lm_head.weight": (256, 128),
     }
+    listed = build_model("llama3", "tiny", n_layers=2, tie_embeddings=False, scan_layers=False).param_shapes()
+    assert len(listed["blocks"]) == 2 and tuple(listed["blocks"][1]["mlp"]["down"]["weight"].shape) == (128, 384)
 
 
 # (arch, expected parameter count from the published model cards / HF safetensors)
@@ -130,9 +132,9 @@ def test_8b_shapes():
     cfg = get_config("llama3", "8b")
     assert (cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim) == (
         128256, 4096, 32, 32, 8, 14336)
-    blk = build_model("llama3", "8b").param_shapes()["blocks"][0]
-    assert blk["attn"]["wk"]["weight"].shape == (1024, 4096)  # 8 KV heads x 128
-    assert blk["mlp"]["down"]["weight"].shape == (4096, 14336)
+    blk = build_model("llama3", "8b").param_shapes()["blocks"]
+    assert blk["attn"]["wk"]["weight"].shape == (32, 1024, 4096)  # 32 layers x 8 KV heads x 128
+    assert blk["mlp"]["down"]["weight"].shape == (32, 4096, 14336)
 
 
 # (overrides, error type, message pattern)

@@ -109,10 +109,9 @@ def test_merge_math_and_scale():
 def test_lora_init_distribution_and_keys(llama3_cfg):
     params = Llama3(llama3_cfg).init(random.key(0))
     lora = lora_init(params, key=random.key(5), rank=8, targets=("gate",))
-    a0 = lora["blocks"][0]["mlp"]["gate"]["weight"]["a"]
-    a1 = lora["blocks"][1]["mlp"]["gate"]["weight"]["a"]
+    a0, a1 = lora["blocks"]["mlp"]["gate"]["weight"]["a"]  # one per layer
     assert a0.abs().max() <= 1 / math.sqrt(32) and not torch.equal(a0, a1)
-    assert torch.count_nonzero(lora["blocks"][0]["mlp"]["gate"]["weight"]["b"]) == 0
+    assert torch.count_nonzero(lora["blocks"]["mlp"]["gate"]["weight"]["b"]) == 0
     assert_trees_all_equal(lora, lora_init(params, key=random.key(5), rank=8, targets=("gate",)))
     half = lora_init(params, key=random.key(5), rank=8, targets=("gate",), dtype=torch.bfloat16)
     assert {t.dtype for t in pytree.tree_leaves(half)} == {torch.bfloat16}

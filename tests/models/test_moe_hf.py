@@ -111,7 +111,7 @@ def case(request, tmp_path_factory):
 def test_logits_and_aux_loss_match_transformers(case):
     """Measured: logits <= 2.4e-6; aux loss differences 0.0."""
     model_type, entries, _, hf, path = case
-    model, params = from_hf(path)
+    model, params = from_hf(path, scan_layers=False)  # transformers' layout, leaf by leaf
     assert type(model) is {"qwen3_moe": Qwen3Moe, "dots1": Dots1, "mixtral": Mixtral, "deepseek_v3": DeepseekV3}[model_type]
     ids = _ids(40)
     with torch.no_grad():
@@ -134,7 +134,7 @@ def test_export_is_exact_and_transformers_reloads_it(case, tmp_path):
     """Through scan_layers=True: stacked blocks, or one stack per run where dense and MoE blocks
     follow one another; unstacked on export."""
     model_type, entries, all_moe, hf, path = case
-    model, params = from_hf(path, scan_layers=True)
+    model, params = from_hf(path)
     ids = _ids(40)
     if all_moe:
         assert params["blocks"]["mlp"]["gate"].shape[:2] == (3, model.config.n_experts)
@@ -153,7 +153,7 @@ def test_export_is_exact_and_transformers_reloads_it(case, tmp_path):
 
 def test_greedy_tokens_equal_transformers_generate(case):
     _, _, _, hf, path = case
-    model, params = from_hf(path)
+    model, params = from_hf(path, scan_layers=False)  # transformers' layout, leaf by leaf
     prompt = _ids(7, seed=1)
     with torch.no_grad():
         want = hf.generate(prompt, max_new_tokens=20, do_sample=False, min_new_tokens=20, pad_token_id=0)
@@ -182,7 +182,7 @@ def test_five_adamw_steps_match_transformers(case):
     model_type, entries, _, _, path = case
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager",
                                                            experts_implementation="eager")
-    model, params = from_hf(path)
+    model, params = from_hf(path, scan_layers=False)  # transformers' layout, leaf by leaf
     biases = {i: b["mlp"]["router"]["expert_bias"].clone() for i, b in enumerate(params["blocks"])
               if "expert_bias" in b["mlp"].get("router", {})}
     tx = optim.adamw(LR, weight_decay=WD)

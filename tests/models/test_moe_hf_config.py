@@ -252,10 +252,10 @@ def test_ember_only_settings_export_with_the_same_logits(family, changes, tmp_pa
 
 def test_a_run_starts_from_a_qwen3_moe_folder(tmp_path):
     cfg = parse_cli("qwen3_moe_tiny", [])
-    model = build_model(cfg.family, cfg.model)
+    model = build_model(cfg.family, cfg.model.replace(scan_layers=False))  # saved as a list of blocks
     saved = model.init(random.key(7))
     to_hf(model, saved, tmp_path)
-    cfg = parse_cli("qwen3_moe_tiny", ["--init_from", str(tmp_path), "--model.scan_layers"])
+    cfg = parse_cli("qwen3_moe_tiny", ["--init_from", str(tmp_path)])
     state = build.initial_state(cfg, build_model(cfg.family, cfg.model))
     assert int(state.step) == 0
     stacked = state.params["blocks"]["mlp"]["gate"]  # (layers, E, I, d): loaded into the scanned layout

@@ -76,8 +76,8 @@ def block_collectives(model, params, sharding) -> dict:
     from ember.core.partition_specs import shard, use_sharding
     from ember.models.layers.axes import RESIDUAL_AXES
 
-    block = model.children["blocks"].children["0"]
-    block_params = shard(params["blocks"][0], sharding, axes=model.axes["blocks"][0])
+    stack = model.children["blocks"]  # the blocks stacked: block 0 is the first slice of each leaf
+    block, block_params = stack.layer, shard(stack.unstack(params["blocks"])[0], sharding, axes=stack.layer.axes)
     x = torch.randn(BATCH, SEQ, LLAMA["d_model"], generator=torch.Generator().manual_seed(0))
     x = sharding.lowering.place(x, sharding.compute_spec(RESIDUAL_AXES))
     positions = torch.arange(SEQ)

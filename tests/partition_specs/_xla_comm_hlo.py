@@ -57,8 +57,8 @@ def run(dump: str, meshes) -> dict:
 
     enable_spmd()
     model = build_model("llama3", "tiny", vocab_size=64, d_model=D, n_heads=H, n_kv_heads=KV, ffn_dim=F,
-                        n_layers=1, max_seq_len=T)
-    blocks = model.children["blocks"]  # one Llama block (a Sequential of one)
+                        n_layers=1, max_seq_len=T, scan_layers=False)
+    blocks = model.children["blocks"]  # one Llama block (a Sequential of one), no loop around it
     params = model.init(random.key(0))["blocks"]
     axes = model.axes["blocks"]
     x = torch.randn(B, T, D, generator=torch.Generator().manual_seed(0))

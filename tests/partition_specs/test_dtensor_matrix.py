@@ -24,6 +24,7 @@ pytestmark = pytest.mark.xdist_group("dtensor_matrix")  # one worker runs the mo
 
 V, D, F, H, KV = W.LLAMA["vocab_size"], W.LLAMA["d_model"], W.LLAMA["ffn_dim"], W.LLAMA["n_heads"], W.LLAMA["n_kv_heads"]
 HD = D // H
+L = W.LLAMA["n_layers"]  # the blocks are stacked: every block leaf leads with the layers axis, never split here
 MESHES = {2: ["dp=2", "tp=2"], 4: ["fsdp=4", "dp=2,tp=2", "fsdp=2,tp=2"]}
 ALL_MESHES = [m for ms in MESHES.values() for m in ms]
 
@@ -31,26 +32,26 @@ ALL_MESHES = [m for ms in MESHES.values() for m in ms]
 # below 2e-6 for the losses and 3e-6 for the parameters after 10 steps.
 LOSS_ATOL = PARAM_ATOL = 1e-4
 
-# (mesh, parameter, local shard shape). Params rules: embed -> fsdp; heads, kv_heads, mlp, vocab -> tp.
+# (mesh, parameter, local shard shape). Params rules: embed -> fsdp; heads, kv_heads, mlp, vocab -> tp; layers whole.
 SHAPE_CASES = [
-    ("dp=2", "blocks.0.mlp.gate.weight", (F, D)),            # replicated
+    ("dp=2", "blocks.mlp.gate.weight", (L, F, D)),           # replicated
     ("dp=2", "wte.weight", (V, D)),
-    ("tp=2", "blocks.0.attn.wq.weight", (H * HD // 2, D)),   # column parallel: output split
-    ("tp=2", "blocks.0.attn.wk.weight", (KV * HD // 2, D)),
-    ("tp=2", "blocks.0.attn.wo.weight", (D, H * HD // 2)),   # row parallel: input split
-    ("tp=2", "blocks.0.mlp.down.weight", (D, F // 2)),
+    ("tp=2", "blocks.attn.wq.weight", (L, H * HD // 2, D)),   # column parallel: output split
+    ("tp=2", "blocks.attn.wk.weight", (L, KV * HD // 2, D)),
+    ("tp=2", "blocks.attn.wo.weight", (L, D, H * HD // 2)),   # row parallel: input split
+    ("tp=2", "blocks.mlp.down.weight", (L, D, F // 2)),
     ("tp=2", "wte.weight", (V // 2, D)),                     # vocab parallel
-    ("tp=2", "blocks.0.ln_1.weight", (D,)),
-    ("fsdp=4", "blocks.0.mlp.gate.weight", (F, D // 4)),     # ZeRO-3: embed split
-    ("fsdp=4", "blocks.0.mlp.down.weight", (D // 4, F)),
+    ("tp=2", "blocks.ln_1.weight", (L, D)),
+    ("fsdp=4", "blocks.mlp.gate.weight", (L, F, D // 4)),     # ZeRO-3: embed split
+    ("fsdp=4", "blocks.mlp.down.weight", (L, D // 4, F)),
     ("fsdp=4", "ln_f.weight", (D // 4,)),
-    ("dp=2,tp=2", "blocks.0.mlp.gate.weight", (F // 2, D)),
-    ("dp=2,tp=2", "blocks.1.attn.wo.weight", (D, H * HD // 2)),
-    ("fsdp=2,tp=2", "blocks.0.mlp.gate.weight", (F // 2, D // 2)),
-    ("fsdp=2,tp=2", "blocks.0.mlp.down.weight", (D // 2, F // 2)),
-    ("fsdp=2,tp=2", "blocks.1.attn.wv.weight", (KV * HD // 2, D // 2)),
+    ("dp=2,tp=2", "blocks.mlp.gate.weight", (L, F // 2, D)),
+    ("dp=2,tp=2", "blocks.attn.wo.weight", (L, D, H * HD // 2)),
+    ("fsdp=2,tp=2", "blocks.mlp.gate.weight", (L, F // 2, D // 2)),
+    ("fsdp=2,tp=2", "blocks.mlp.down.weight", (L, D // 2, F // 2)),
+    ("fsdp=2,tp=2", "blocks.attn.wv.weight", (L, KV * HD // 2, D // 2)),
     ("fsdp=2,tp=2", "wte.weight", (V // 2, D // 2)),
-    ("fsdp=2,tp=2", "blocks.0.ln_2.weight", (D // 2,)),
+    ("fsdp=2,tp=2", "blocks.ln_2.weight", (L, D // 2)),
 ]
 # The batch (B, T) is split over every data-like axis (dp, fsdp) and whole under tp.
 BATCH_CASES = {"dp=2": (W.BATCH // 2, W.SEQ), "tp=2": (W.BATCH, W.SEQ), "fsdp=4": (W.BATCH // 4, W.SEQ),

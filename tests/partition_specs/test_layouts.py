@@ -42,15 +42,24 @@ EXPECTED = {
 }
 
 
+def _as_stacked(path, spec):
+    """A list layout's `blocks.{i}.` entry as the stacked layout holds it: one leaf, a whole "layers" axis first."""
+    if not path.startswith("blocks."):
+        return path, spec
+    return "blocks." + path.split(".", 2)[2], P(None, *spec)
+
+
+@pytest.mark.parametrize("scan_layers", [True, False], ids=["stacked", "list"])
 @pytest.mark.parametrize("mesh_text", list(EXPECTED))
-def test_for_mesh_places_llama_as_megatron_and_fsdp_would(mesh_text):
+def test_for_mesh_places_llama_as_megatron_and_fsdp_would(mesh_text, scan_layers):
     mesh = Mesh.parse(mesh_text, backend="xla")
-    model = build_model("llama3", "tiny", **LLAMA)
+    model = build_model("llama3", "tiny", **LLAMA, scan_layers=scan_layers)
     layout = for_mesh(mesh.names)
     specs = dict(tree_leaves_with_path(resolve_tree(model.axes, layout.params, mesh_sizes=mesh.sizes(),
                                                     shapes=model.param_shapes())))
     params_expected, compute_expected = EXPECTED[mesh_text]
     for path, spec in params_expected.items():
+        path, spec = _as_stacked(path, spec) if scan_layers else (path, spec)
         assert specs[path] == spec, path
     for axes, spec in compute_expected.items():
         assert resolve(axes, layout.compute, mesh_sizes=mesh.sizes()) == spec, axes
@@ -59,9 +68,9 @@ def test_for_mesh_places_llama_as_megatron_and_fsdp_would(mesh_text):
     assert all(set(s.used_mesh_axes()) <= set(mesh.names) for s in specs.values())
 
 
-def test_gpt2_and_scanned_layers_are_placed_too():
+def test_gpt2_and_stacked_layers_are_placed_too():
     mesh = Mesh.parse("fsdp=2,tp=2", backend="xla")
-    for model in (build_model("gpt2", "tiny"), build_model("llama3", "tiny", scan_layers=True, **LLAMA)):
+    for model in (build_model("gpt2", "tiny"), build_model("llama3", "tiny", **LLAMA)):
         specs = resolve_tree(model.axes, for_mesh(mesh.names).params, mesh_sizes=mesh.sizes(),
                              shapes=model.param_shapes())
         leaves = dict(tree_leaves_with_path(specs))
@@ -82,7 +91,7 @@ def test_single_axis_layouts():
 
 def test_indivisible_model_on_a_mesh_names_the_parameter():
     model = build_model("llama3", "tiny", **{**LLAMA, "vocab_size": 66})
-    with pytest.raises(ShardingRuleError, match=r"^blocks.0.attn.wq.weight: dimension 0 \('heads'\) has size 32, "
+    with pytest.raises(ShardingRuleError, match=r"^blocks.attn.wq.weight: dimension 1 \('heads'\) has size 32, "
                                                 r"which does not divide by tp=3; change"):
         resolve_tree(model.axes, for_mesh(("tp",)).params, mesh_sizes={"tp": 3}, shapes=model.param_shapes())
     with pytest.raises(ShardingRuleError, match="mesh axis 'sp' is not used by the ready-made layout"):

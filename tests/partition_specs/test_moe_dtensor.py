@@ -97,9 +97,9 @@ def test_gradients_and_updated_params_match_one_device(runs, reference, key):
 @pytest.mark.parametrize("key", RUNS)
 def test_each_device_holds_only_its_experts(runs, key):
     local, mesh = _ok(runs, key)["local"], key.split("/")[0]
-    for proj in ("gate", "up"):
-        assert local[f"blocks.0.mlp.{proj}"] == EXPERTS_LOCAL[mesh]
-    assert local["blocks.0.mlp.down"][0] == E // 2
+    for proj in ("gate", "up"):  # the blocks stacked: the layers axis first, whole
+        assert local[f"blocks.mlp.{proj}"] == [W.MOE["n_layers"], *EXPERTS_LOCAL[mesh]]
+    assert local["blocks.mlp.down"][1] == E // 2
 
 
 @pytest.mark.slow

@@ -113,7 +113,8 @@ def test_model_gathers_each_parameter_with_the_compute_rules_once_per_forward():
     residual = [c for c in s.lowering.constrained if c[1] == P("fsdp", None, None)]
     gathered = [c for c in s.lowering.constrained if c not in residual]
     tied = int(model.config.tie_embeddings)  # a tied head gathers wte a second time
-    assert len(gathered) == n_params + tied
+    per_block = len(tree_leaves_with_path(params["blocks"]))  # stacked: each layer gathers its own slices
+    assert len(gathered) == n_params - per_block + LLAMA["n_layers"] * per_block + tied
     assert specs[(64, 32)] == P("tp", None)  # compute view of mlp.gate: column parallel, embed whole
     assert specs[(32, 64)] == P(None, "tp")  # mlp.down: row parallel
     assert len(residual) == 1 + 2 * LLAMA["n_layers"]  # after the embedding and after each branch
@@ -129,9 +130,9 @@ def test_shard_state_inherits_param_specs_by_structure():
     param_specs = s.param_specs(model.axes, params)
     specs = specs_like_params(state, params, param_specs)
     flat = dict(tree_leaves_with_path(specs))
-    assert flat["params.blocks.0.mlp.gate.weight"] == P("tp", "fsdp")
-    mu = [p for p in flat if p.endswith("mu.blocks.0.mlp.gate.weight")]
-    assert mu and flat[mu[0]] == P("tp", "fsdp")
+    assert flat["params.blocks.mlp.gate.weight"] == P(None, "tp", "fsdp")  # the layers axis whole
+    mu = [p for p in flat if p.endswith("mu.blocks.mlp.gate.weight")]
+    assert mu and flat[mu[0]] == P(None, "tp", "fsdp")
     assert flat["step"] == P() and flat["key"] == P()
     assert len(s.lowering.placed) == len(tree_leaves_with_path(state))
 

@@ -37,20 +37,20 @@ LOSS_TOL = 1e-4  # float32; XLA fuses and reorders the same ops and GSPMD splits
 MESHES = {2: ["dp=2", "tp=2"], 4: ["fsdp=4", "dp=2,tp=2", "fsdp=2,tp=2"]}
 ALL_MESHES = [m for ms in MESHES.values() for m in ms]
 
-# V=64 vocab, d=32, H*D=32 (heads), KV*D=16 (kv_heads), F=64 (mlp): the shard one device holds.
+# V=64 vocab, d=32, H*D=32 (heads), KV*D=16 (kv_heads), F=64 (mlp), 2 stacked layers: the shard one device holds.
 EXPECTED_LOCAL = {
-    "dp=2": {"wte.weight": (64, 32), "blocks.0.attn.wq.weight": (32, 32), "blocks.0.attn.wk.weight": (16, 32),
-             "blocks.0.attn.wo.weight": (32, 32), "blocks.0.mlp.gate.weight": (64, 32),
-             "blocks.0.mlp.down.weight": (32, 64), "blocks.0.ln_1.weight": (32,)},
-    "tp=2": {"wte.weight": (32, 32), "blocks.0.attn.wq.weight": (16, 32), "blocks.0.attn.wk.weight": (8, 32),
-             "blocks.0.attn.wo.weight": (32, 16), "blocks.0.mlp.gate.weight": (32, 32),
-             "blocks.0.mlp.down.weight": (32, 32), "blocks.0.ln_1.weight": (32,)},
-    "fsdp=4": {"wte.weight": (64, 8), "blocks.0.attn.wq.weight": (32, 8), "blocks.0.attn.wk.weight": (16, 8),
-               "blocks.0.attn.wo.weight": (8, 32), "blocks.0.mlp.gate.weight": (64, 8),
-               "blocks.0.mlp.down.weight": (8, 64), "blocks.0.ln_1.weight": (8,)},
-    "fsdp=2,tp=2": {"wte.weight": (32, 16), "blocks.0.attn.wq.weight": (16, 16), "blocks.0.attn.wk.weight": (8, 16),
-                    "blocks.0.attn.wo.weight": (16, 16), "blocks.0.mlp.gate.weight": (32, 16),
-                    "blocks.0.mlp.down.weight": (16, 32), "blocks.0.ln_1.weight": (16,)},
+    "dp=2": {"wte.weight": (64, 32), "blocks.attn.wq.weight": (2, 32, 32), "blocks.attn.wk.weight": (2, 16, 32),
+             "blocks.attn.wo.weight": (2, 32, 32), "blocks.mlp.gate.weight": (2, 64, 32),
+             "blocks.mlp.down.weight": (2, 32, 64), "blocks.ln_1.weight": (2, 32)},
+    "tp=2": {"wte.weight": (32, 32), "blocks.attn.wq.weight": (2, 16, 32), "blocks.attn.wk.weight": (2, 8, 32),
+             "blocks.attn.wo.weight": (2, 32, 16), "blocks.mlp.gate.weight": (2, 32, 32),
+             "blocks.mlp.down.weight": (2, 32, 32), "blocks.ln_1.weight": (2, 32)},
+    "fsdp=4": {"wte.weight": (64, 8), "blocks.attn.wq.weight": (2, 32, 8), "blocks.attn.wk.weight": (2, 16, 8),
+               "blocks.attn.wo.weight": (2, 8, 32), "blocks.mlp.gate.weight": (2, 64, 8),
+               "blocks.mlp.down.weight": (2, 8, 64), "blocks.ln_1.weight": (2, 8)},
+    "fsdp=2,tp=2": {"wte.weight": (32, 16), "blocks.attn.wq.weight": (2, 16, 16), "blocks.attn.wk.weight": (2, 8, 16),
+                    "blocks.attn.wo.weight": (2, 16, 16), "blocks.mlp.gate.weight": (2, 32, 16),
+                    "blocks.mlp.down.weight": (2, 16, 32), "blocks.ln_1.weight": (2, 16)},
 }
 EXPECTED_LOCAL["dp=2,tp=2"] = EXPECTED_LOCAL["tp=2"]  # dp splits only the batch
 
@@ -134,8 +134,8 @@ def test_report_on_the_xla_sharding(runs):
     report = _mesh_run(runs, "fsdp=2,tp=2")[1]["report"]
     lines = report.splitlines()
     assert lines[0] == "mesh fsdp=2,tp=2 (4 devices, xla), layout fsdp_tp"
-    gate = next(line for line in lines if line.startswith("blocks.0.mlp.gate.weight"))
-    assert gate.split()[1:] == ["(64,", "32)", "('tp',", "'fsdp')", "(32,", "16)"]
+    gate = next(line for line in lines if line.startswith("blocks.mlp.gate.weight"))
+    assert gate.split()[1:] == ["(2,", "64,", "32)", "(None,", "'tp',", "'fsdp')", "(2,", "32,", "16)"]
     assert lines[-1].startswith("per device: params 20.31 KiB of 80.62 KiB, optimizer state 40.66 KiB of")
 
 
@@ -215,7 +215,7 @@ def test_describe_sharding_lists_parameters_and_optimizer_state(tiny):
     lines = text.splitlines()
     assert lines[0] == "mesh fsdp=4 (4 devices, dtensor), layout fsdp_tp"
     assert lines[1].split() == ["tensor", "shape", "spec", "local", "shape"]
-    assert any(line.startswith("opt_state.inner_state.0.mu.blocks.1.mlp.up.weight") and line.endswith("(64, 8)") for line in lines)
+    assert any(line.startswith("opt_state.inner_state.0.mu.blocks.mlp.up.weight") and line.endswith("(2, 64, 8)") for line in lines)
     param_rows = [line for line in lines[2:-1] if not line.startswith("opt_state")]
     assert len(param_rows) == len(torch.utils._pytree.tree_leaves(state.params))
 
