@@ -20,7 +20,8 @@ Every figure comes from its own fresh process (`--scan-steady` times its two var
 in one process per policy; otherwise an empty Inductor cache for compile times; glibc's
 mmap threshold pinned at 64 KiB for memory, so freed tensors leave the resident set), and each
 section is reported as ratios to its first row. `--scan` measures the depth section with the blocks
-unrolled (`scan_layers=False`) and stacked (the default); `--backend xla` compiles with torch_xla on a virtual CPU device instead of Inductor.
+unrolled (`scan_layers=False`) and stacked (the default); `--backend xla` compiles with torch_xla on a
+virtual CPU device instead of Inductor.
 `--baseline REV` measures every row of the depth, microbatch, remat-memory and scan-steady sections
 twice, alternately: with ember as of git revision REV (a temporary worktree put first on
 `PYTHONPATH`) and with this tree, so an old and a new path are compared on one machine in one run.
