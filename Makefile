@@ -25,12 +25,11 @@ TORCH_MID ?= 2.13.0
 VERSION_TESTS ?= tests/core/test_compat.py tests/core/test_compat_inductor_batching.py \
 	tests/core/test_compat_inductor_frees.py tests/core/test_compat_gloo_all_gather.py \
 	tests/core/test_compat_inductor_loop_order.py \
-	tests/core/test_rolled_loop.py tests/core/test_shared_call.py tests/core/test_jit_tracing.py \
+	tests/core/test_remat_scan_loop.py tests/core/test_shared_call.py tests/core/test_jit_tracing.py \
 	tests/core/test_scan_rolled.py \
 	"tests/launch/test_torchrun.py::test_launcher_under_torchrun_compiles_and_matches_one_process[fsdp=2]" \
 	tests/partition_specs/test_moe_dtensor.py tests/test_wheel.py \
 	tests/core/test_autograd_grad.py tests/models/test_bridge_checkpointing.py tests/test_xdist_grouping.py \
-	tests/step_fns/test_blockwise_update.py \
 	"tests/step_fns/test_mesh_parity.py::test_dtensor_mesh_matches_one_device"
 # torch_xla wheels exist for Linux x86-64 only: elsewhere the [xla] extra installs torch 2.9 without
 # it and the XLA tests skip; on Linux x86-64 a skipped XLA test fails the run (EMBER_REQUIRE_XLA=1).

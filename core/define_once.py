@@ -1,6 +1,6 @@
 """`define_once`: ember's custom ops are defined once per process, even if ember is imported twice.
 
-Public names: none (used by `remat_barrier.py` and `rolled_loop.py`).
+Public names: none (used by `remat_barrier.py`).
 
 pytest imports the repository root under its folder name as well as `ember`, so a module can run
 twice. A second `torch.library.custom_op` of the same name replaces the first registration and

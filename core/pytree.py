@@ -213,9 +213,8 @@ class MaskedNode:
     """A placeholder with no leaves, standing where a transformation does not see a parameter.
 
     `optim.masked` puts it in place of masked-out leaves, per-parameter state that only some
-    parameters need (Adafactor's factored moments) uses it for the others, and a train step that
-    updates its blocks one at a time (`blockwise_update`) for the leaves another call updates, so
-    every tree keeps the paths of the parameter tree. (None would not do: it is a leaf here.)
+    parameters need (Adafactor's factored moments) uses it for the others, so every tree keeps the
+    paths of the parameter tree. (None would not do: it is a leaf here.)
     """
 
 

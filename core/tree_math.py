@@ -1,6 +1,6 @@
 """Arithmetic over pytrees of tensors, vectorised with `torch._foreach_*` (no per-leaf Python math).
 
-Public names: `apply_updates`, `global_norm`, `given_global_norm`, `square_sum`, `tree_add`, `tree_sub`, `tree_scale`,
+Public names: `apply_updates`, `global_norm`, `square_sum`, `tree_add`, `tree_sub`, `tree_scale`,
 `tree_zeros_like`, `tree_ones_like`, `tree_cast`, `tree_where`, `tree_all_finite`, `tree_vdot`,
 `tree_size`, `tree_bytes`.
 
@@ -9,9 +9,7 @@ All functions are out of place and traceable (`torch.compile(fullgraph=True)`, t
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Iterator, List, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -21,7 +19,6 @@ from .types import Params, PyTree, Updates
 
 __all__ = [
     "apply_updates",
-    "given_global_norm",
     "global_norm",
     "square_sum",
     "tree_add",
@@ -94,25 +91,6 @@ def tree_cast(tree: PyTree, dtype: Optional[torch.dtype]) -> PyTree:
     return tree_map(lambda t: t.to(dtype) if t.is_floating_point() else t, tree)
 
 
-_GIVEN = threading.local()
-
-
-@contextlib.contextmanager
-def given_global_norm(tree: PyTree, norm: Tensor) -> Iterator[List[Tensor]]:
-    """Within the block, `global_norm` of exactly `tree`'s leaves (the same tensors, in order) is `norm`.
-
-    For an update run on part of the leaves (`blockwise_update`), whose clipping must see the norm
-    of them all. Yields a list that gets `norm` appended each time it is used.
-    """
-    uses: List[Tensor] = []
-    before = getattr(_GIVEN, "norms", ())
-    _GIVEN.norms = (*before, (tree_leaves(tree), norm, uses))
-    try:
-        yield uses
-    finally:
-        _GIVEN.norms = before
-
-
 def global_norm(tree: PyTree) -> Tensor:
     """The L2 norm of all leaves together, as a 0-d float32 tensor.
 
@@ -124,10 +102,6 @@ def global_norm(tree: PyTree) -> Tensor:
     norm is summed inside the kernel that applies the update, so the updates are never stored.
     """
     raw = tree_leaves(tree)
-    for given, norm, uses in getattr(_GIVEN, "norms", ()):
-        if len(given) == len(raw) and all(a is b for a, b in zip(given, raw)):
-            uses.append(norm)
-            return norm
     if not raw:
         return torch.zeros(())
     if torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling():

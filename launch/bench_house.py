@@ -7,19 +7,23 @@ and how much of it reaches into torch's private names (issue 33's "figures of th
 Counted over `core/**.py` without `core/testing/`: code lines (no blank or comment lines); the
 compile machinery's share (`MACHINERY`); private torch names (`PRIVATE`: `torch._*`, `._C.*`,
 `_foreach_*`, `TorchDispatchMode`, `aten._*`) inside `core/compat/` and elsewhere; the
-`is_dynamo_compiling()` branches; and `torch.func.vjp` calls.
+`is_dynamo_compiling()` branches; `torch.func.vjp` calls; the files holding thread-local state
+(`threading.local`, `ContextVar`);
+the import circles among `core/`'s modules (module-level imports) and the function-local imports of
+ember modules.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import pathlib
 import re
 import sys
-from typing import Dict, List
+from typing import Dict, List, Set
 
 MACHINERY = ("jit.py", "jit_backends/", "compat/inductor", "compat/shared_subgraph", "compat/functorch",
-             "compat/xla_loop", "compat/torch_scan", "remat", "rolled_loop", "shared_call", "autograd_grad",
+             "compat/xla_loop", "compat/scan", "remat", "scan_rolled", "shared_call", "autograd_grad",
              "scan.py", "define_once")
 """Paths under `core/` (prefixes) that make up the compile machinery."""
 
@@ -30,11 +34,109 @@ CALL = {"is_dynamo_compiling() branches": re.compile(r"(?<!`)\bis_dynamo_compili
 PRIVATE = re.compile(r"torch\._[A-Za-z]\w*|\._C\.\w+|_foreach_\w+|TorchDispatchMode|torch\.ops\.aten\._\w+")
 
 FIGURES = ("core code lines", "compile machinery lines", "private torch names in core/compat/",
-           "private torch names elsewhere in core/", "is_dynamo_compiling() branches", "torch.func.vjp calls")
+           "private torch names elsewhere in core/", "is_dynamo_compiling() branches", "torch.func.vjp calls",
+           "files with a thread-local", "import circles", "function-local ember imports",
+           "import circles counting function-local imports")
 
 
 def _code_lines(text: str) -> int:
     return sum(1 for line in text.splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+def _module(relative: str) -> str:
+    parts = relative[:-3].split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> List[str]:
+    """The `core/` modules (dotted, relative to core) an import statement may need: for
+    `from <base> import a, b`, `<base>.a` and `<base>.b` where they are modules, else `<base>`."""
+    if isinstance(node, ast.Import):
+        return [a.name[len("ember.core."):] for a in node.names if a.name.startswith("ember.core.")]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level == 0:
+        if not (node.module or "").startswith("ember.core"):
+            return []
+        base = (node.module or "")[len("ember.core"):].lstrip(".")
+    else:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        package = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+        base = ".".join(p for p in package + [node.module or ""] if p)
+    return [base] + [f"{base}.{a.name}".lstrip(".") for a in node.names]
+
+
+def _parents(module: str) -> List[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts))]
+
+
+def _import_graph(core: pathlib.Path, inside_functions: bool = False) -> Dict[str, Set[str]]:
+    """Module -> the core modules it imports at module level (also in functions with `inside_functions`)."""
+    paths = {_module(p.relative_to(core).as_posix()): p for p in core.rglob("*.py")
+             if not p.relative_to(core).as_posix().startswith("testing/")}
+    graph: Dict[str, Set[str]] = {}
+    for name, path in paths.items():
+        tree, is_package = ast.parse(path.read_text()), path.name == "__init__.py"
+        found: Set[str] = set()
+        for node in ast.walk(tree) if inside_functions else tree.body:
+            imported = _imported(node, name, is_package)
+            if not imported:
+                continue
+            base, *named = imported
+            modules = [m for m in named if m in paths]
+            found.update(modules if named and len(modules) == len(named) else [base, *modules])
+        # importing `a.b.c` first runs the packages `a` and `a.b`, those around `name` aside (already running)
+        found.update(parent for m in list(found) for parent in _parents(m) if parent not in _parents(name))
+        graph[name] = {m for m in found if m in paths and m != name}
+    return graph
+
+
+def _circles(graph: Dict[str, Set[str]]) -> int:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on: Set[str] = set()
+    count = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            size = 0
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                size += 1
+                if w == v:
+                    break
+            count[0] += size > 1
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return count[0]
+
+
+def _local_imports(text: str) -> int:
+    """Imports of ember modules inside function bodies."""
+    count = 0
+    for fn in ast.walk(ast.parse(text)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("ember")):
+                    count += 1
+                elif isinstance(node, ast.Import) and any(a.name.startswith("ember") for a in node.names):
+                    count += 1
+    return count
 
 
 def figures(root: pathlib.Path) -> Dict[str, int]:
@@ -56,6 +158,10 @@ def figures(root: pathlib.Path) -> Dict[str, int]:
         out[f"private torch names {where}"] += len(PRIVATE.findall(text))
         for name, pattern in CALL.items():
             out[name] += len(pattern.findall(text))
+        out["files with a thread-local"] += "threading.local" in text or "ContextVar(" in text
+        out["function-local ember imports"] += _local_imports(text)
+    out["import circles"] = _circles(_import_graph(core))
+    out["import circles counting function-local imports"] = _circles(_import_graph(core, inside_functions=True))
     return out
 
 

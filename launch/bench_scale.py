@@ -7,7 +7,6 @@ compile time with depth and microbatches.
     python launch/bench_scale.py --remat-memory none,full,dots_saveable --config llama3_125m \
         --batch 4 --seq 512                                     # compiled step's peak memory per remat policy
     python launch/bench_scale.py --scan-steady none,full        # warm step time, unrolled vs scan_layers
-    python launch/bench_scale.py --update-steady --set model.n_layers=8  # warm step, blockwise vs whole update
     python launch/bench_scale.py --generate 256                 # tokens/s, KV cache vs none, 256 new tokens
     python launch/bench_scale.py --packed-attention 1024        # attention time: unmasked, packed, dense mask
     python launch/bench_scale.py --torch-primitives             # torch's checkpoint / SAC vs ember's remat, compiled
@@ -84,7 +83,7 @@ def _child(spec, tree=None):
         env["PYTHONPATH"] = os.pathsep.join([tree.package_root, *filter(None, [env.get("PYTHONPATH")])])
     if spec["what"].endswith("memory") or spec["what"] in ("bridged_checkpointing", "torch_primitives"):  # freed tensors leave the resident set (it slows allocation: not for timings)
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    elif spec["what"] in ("scan_steady", "update_steady"):  # steps timed as train.py runs them: freed memory kept (host_memory.py)
+    elif spec["what"] == "scan_steady":  # steps timed as train.py runs them: freed memory kept (host_memory.py)
         env.update(MALLOC_MMAP_THRESHOLD_=str(2**31 - 1), MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
     with tempfile.TemporaryDirectory(prefix="ember_scale_") as cache:
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
@@ -151,17 +150,6 @@ def scan_steady(args):
     return (f"Warm compiled step of `{args.config}` (Inductor, AdamW, state donated), unrolled vs "
             "scan_layers, both in one process, timed alternately (median of 5 rounds of 5 calls), "
             "freed memory kept as train.py keeps it:", rows)
-
-
-def update_steady(args):
-    """This tree's step with the update blockwise (`blockwise_update`) against the whole update."""
-    r = _child(dict(what="update_steady", config=args.config, overrides=_shape_overrides(args)))
-    blockwise, whole = r["blockwise"], r["whole"]
-    return (f"Warm compiled step of `{args.config}` (Inductor, state donated), the update blockwise vs whole, "
-            "both in one process, timed alternately (median of 5 rounds of 5 calls):",
-            ["| blockwise step (ms) | whole step (ms) | blockwise vs whole | same loss |", "|---:|---:|---:|---|",
-             f"| {blockwise['step_s'] * 1e3:.1f} | {whole['step_s'] * 1e3:.1f} | "
-             f"{_ratio(blockwise['step_s'], whole['step_s'])} | {blockwise['loss'] == whole['loss']} |"])
 
 
 def generate_speed(args):
@@ -285,7 +273,6 @@ def main(argv=None):
     p.add_argument("--compile-microbatches", help="comma-separated microbatch counts for cold compile times")
     p.add_argument("--remat-memory", help="comma-separated remat policies: the compiled step's peak memory for each")
     p.add_argument("--scan-steady", help="comma-separated remat policies: warm step time, unrolled vs scan_layers")
-    p.add_argument("--update-steady", action="store_true", help="warm step time, blockwise vs whole update")
     p.add_argument("--generate", type=int, metavar="N", help="tokens/s generating N tokens, KV cache vs none")
     p.add_argument("--packed-attention", type=int, metavar="T", help="attention time at seq T: unmasked, packed, dense")
     p.add_argument("--torch-primitives", nargs="?", const="all",
@@ -336,8 +323,6 @@ def _measure(p, args, torch):
         sections.append(remat_memory(args))
     if args.scan_steady:
         sections.append(scan_steady(args))
-    if args.update_steady:
-        sections.append(update_steady(args))
     if args.generate:
         sections.append(generate_speed(args))
     if args.packed_attention:
@@ -350,7 +335,7 @@ def _measure(p, args, torch):
                                         "microbatches"))
     if not sections:
         p.error("choose at least one of --torch-primitives, --bridged-checkpointing, --loss-memory, --remat-memory, "
-                "--scan-steady, --update-steady, --generate, --packed-attention, --compile-depth, --compile-microbatches")
+                "--scan-steady, --generate, --packed-attention, --compile-depth, --compile-microbatches")
     against = f" Paths: {', '.join(t.label for t in TREES)}." if len(TREES) > 1 else ""
     text = f"torch {torch.__version__}, {os.cpu_count()} CPU cores.{against}\n\n" + "\n\n".join(
         title + "\n\n" + "\n".join(rows) for title, rows in sections)

@@ -35,6 +35,7 @@ from ..core.jit import jit
 from ..core.step_fns.sample import sample_token
 from ..core.types import Key, Params
 from .layers.kv_cache import CachedCall, init_cache_buffers
+from .layers.stacked import as_list
 from .llama3.config import Llama3Config
 
 __all__ = ["Decoder", "decode_step", "init_cache", "prefill"]
@@ -72,7 +73,7 @@ def _forward(model: Any, cache: Cache, params: Params, tokens: Tensor, position:
 def _check_unstacked(model: Any) -> None:
     if model.config.scan_layers:
         raise ValueError("prefill / decode_step run the layers one by one: build the model with scan_layers=False "
-                         "(params: model.children['blocks'].unstack(params['blocks'])), or use Decoder, which does both.")
+                         "(ember.models.layers.as_list(model, params) gives both), or use Decoder, which does both.")
 
 
 def prefill(model: Any, cache: Cache, params: Params, prompt: Tensor,
@@ -102,9 +103,8 @@ class Decoder:
 
     def __init__(self, model: Any, *, backend: str = "inductor") -> None:
         _check_family(model)
-        self.stacked = model.config.scan_layers
-        self.stacked_blocks = model.children["blocks"]
-        self.model = type(model)(model.config.replace(scan_layers=False)) if self.stacked else model
+        self.given = model
+        self.model = as_list(model)[0]
         m = self.model
         self.prefill = jit(lambda cache, params, prompt, position: prefill(m, cache, params, prompt, position),
                            backend=backend)
@@ -122,8 +122,7 @@ class Decoder:
         `fold_in(key, i)`, as `ember.core.step_fns.generate` does. With `vocab_size` (the
         tokenizer's), ids past it (a padded embedding's rows) are never drawn.
         """
-        if self.stacked:
-            params = {**params, "blocks": self.stacked_blocks.unstack(params["blocks"])}
+        params = as_list(self.given, params)[1]
         b, t0 = prompt.shape
         dtype = cache_dtype or params["wte"]["weight"].dtype
         cache = init_cache(self.model, batch=b, slots=t0 + max_new_tokens, dtype=dtype, device=prompt.device)

@@ -41,6 +41,7 @@ from torch import Tensor
 from ..core import pytree
 from ..core.types import Params
 from ._safetensors import read_safetensors_folder, save_safetensors
+from .layers.stacked import as_list
 
 __all__ = [
     "HFAdapter",
@@ -266,9 +267,7 @@ def params_to_hf(params: Params, config: Any) -> Dict[str, Tensor]:
     adapter = _adapter_for_config(config, "expected a {}, got {}.")
     model = adapter.model_cls(config)
     _check_params(model, params)
-    if config.scan_layers:
-        params = {**params, "blocks": model.children["blocks"].unstack(params["blocks"])}
-    return adapter.params_to_hf(params, config)
+    return adapter.params_to_hf(as_list(model, params)[1], config)
 
 
 def _check_params(model: Any, params: Params) -> None:

@@ -97,13 +97,6 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     # call (nearest upstream report: reuse of its subgraphs outside torch.compile, #195005).
     Workaround("shared_subgraph", "patch", "https://github.com/pytorch/pytorch/issues/195005",
                _TESTED_RANGE, _MEASURED, "tests/core/test_shared_call.py::test_nested_compile_region_still_inlines_under_make_fx"),
-    # A rolled loop's body compiles inside the op's kernel, where tracing needs the dispatch keys the
-    # kernel excludes. A new thread has them, but deadlocked when the caller was importing a module:
-    # pickle's lookup of a global imports the half-imported module (python/cpython#76171).
-    # Measured: the hang on 2.9 (the README's testing example), the import from the compile thread on 2.15.
-    Workaround("fresh_dispatch_keys", "access", "https://github.com/python/cpython/issues/76171",
-               _TESTED_RANGE, ("2.9", "2.15"),
-               "tests/core/test_rolled_loop.py::test_a_rolled_loop_compiles_while_its_module_is_being_imported"),
     # No public API hands a graph traced outside Dynamo to Inductor (pytorch/pytorch#188734, open).
     Workaround("fake_tracing", "access", "https://github.com/pytorch/pytorch/pull/188734",
                _TESTED_RANGE, _MEASURED, f"{_TESTS}::test_traced_inductor_names_exist"),

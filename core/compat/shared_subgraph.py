@@ -8,9 +8,7 @@ marker, `torch.compiler.nested_compile_region`, acts only under Dynamo; ember tr
 `make_fx`, where the marker does nothing, so `call_shared` emits the op itself. `make_fx` keeps
 one subgraph per identifier only inside a `TracingContext`, which the patch provides while ember
 traces. Where the op is not used (eagerly, on XLA, under Dynamo, under `vmap`, or with the patch
-off) `call_shared` is a plain call: the same numbers, unrolled. `run_untraced` lets a rolled loop
-(`ember.core.rolled_loop`) learn its body's output shapes inside the same trace without recording
-the body; while the patch is off, `sharing()` is False and rolled loops unroll too.
+off) `call_shared` is a plain call: the same numbers, unrolled.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from torch import Tensor
 
 from .functorch import any_transform_active
 
-__all__ = ["call_shared", "function_index", "plain_calls", "run_untraced", "shared_subgraphs", "sharing"]
+__all__ = ["call_shared", "function_index", "plain_calls", "shared_subgraphs", "sharing"]
 
 _state = threading.local()
 T = TypeVar("T")
@@ -66,18 +64,6 @@ def plain_calls() -> Iterator[None]:
         yield
     finally:
         _state.inside = before
-
-
-def run_untraced(fn: Callable[..., T], *args: object) -> T:
-    """`fn(*args)` on the trace's fake tensors without recording it: what it returns, shapes only.
-
-    A rolled loop (`ember.core.rolled_loop`) learns its body's outputs this way; the body itself
-    is compiled apart, so nothing of it belongs in the step's graph.
-    """
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-
-    with disable_proxy_modes_tracing():
-        return fn(*args)
 
 
 def function_index(fn: Callable, name: str) -> int:

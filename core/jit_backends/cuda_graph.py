@@ -60,16 +60,12 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> FrozenSet[int]:
     """Positions of the placeholders of `gm` that an in-place op writes, directly or through a view.
 
     An ATen op's schema marks the arguments it writes (`Tensor(a!)`) and the results that alias an
-    argument (a view, `Tensor(a)`), so this reads only the traced graph's static structure; an
-    `ember::rolled_loop` node (a donated block updated in place) names its writes itself.
+    argument (a view, `Tensor(a)`), so this reads only the traced graph's static structure.
     """
-    from ..rolled_loop import written_inputs  # not at the top: rolled_loop imports the jit backends
-
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     base = {node: i for i, node in enumerate(placeholders)}  # node -> the placeholder it is a view of
     written = set()
     for node in gm.graph.nodes:
-        written.update(base[value] for value in written_inputs(node) if _is_in(value, base))
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None:
             continue

@@ -11,8 +11,7 @@
   step is built unless the environment already names one; it must be set before cuBLAS starts.
 - `torch.utils.deterministic.fill_uninitialized_memory` off: every buffer a step allocates is
   written before it is read, and Inductor's own buffers are never filled, but with it on each
-  `torch.empty` an ATen op or a rolled loop makes is first filled with NaN (its cost to a rolled
-  step is in BENCHMARKS.md).
+  `torch.empty` an ATen op makes is first filled with NaN (its cost is in BENCHMARKS.md).
 The user's own settings (deterministic algorithms and filling, Inductor's deterministic mode, SDPA
 backends) are restored after every call. On a GPU the first call logs one notice line (logger "ember").
 """

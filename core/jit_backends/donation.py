@@ -9,7 +9,6 @@ once compiled. The entry returns `(out, ok)`; `ok` is False when the output cann
 
 from __future__ import annotations
 
-import threading
 import types
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -17,16 +16,8 @@ from torch import Tensor
 
 from ..pytree import keystr, tree_flatten, tree_flatten_with_path, tree_leaves
 
-__all__ = ["donated", "donation_error", "make_entry", "short_repr", "with_first"]
+__all__ = ["donation_error", "make_entry", "short_repr", "with_first"]
 
-_DONATED = threading.local()
-
-
-def donated(tensors: Any) -> bool:
-    """Whether every tensor of `tensors` is a leaf of the state the running jitted function was
-    donated: it may then be overwritten in place (`blockwise_update` writes each block so)."""
-    ids = getattr(_DONATED, "ids", frozenset())
-    return all(id(t) in ids for t in tree_leaves(tensors))
 
 _MSG_BAD_OUTPUT = (
     "jit(donate='state') expects fn to return a tuple or list whose first element is the new "
@@ -95,19 +86,14 @@ def make_entry(fn: Callable, donate: str) -> Callable[..., Tuple[Any, bool]]:
     else:
 
         def entry(state: Any, *args: Any, **kwargs: Any) -> Tuple[Any, bool]:
-            before = getattr(_DONATED, "ids", frozenset())
-            _DONATED.ids = frozenset(map(id, tree_leaves(state)))
-            try:
-                out = fn(state, *args, **kwargs)
-            finally:
-                _DONATED.ids = before
+            out = fn(state, *args, **kwargs)
             if not _donatable(state, out):
                 return out, False  # the front door raises the precise error; the state is untouched
             # One copy_ per leaf, not torch._foreach_copy_: Inductor (CPU) orders a fused foreach
             # copy into graph inputs wrongly when a new leaf reads another donated leaf (Adam's
             # param update reading m and v written first); per-leaf copies are right.
             for dst, src in zip(tree_leaves(state), tree_leaves(out[0])):
-                if src is not dst:  # a leaf returned as it came, or written in place by a rolled loop
+                if src is not dst:  # a leaf returned as it came
                     dst.copy_(src)
             return with_first(out, state), True
 

@@ -21,18 +21,15 @@ their local shards (`dtensor_local.py`), and tensors that require grad go to Dyn
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ..compat import compiling_with
-from ..compat.fresh_dispatch_keys import fresh_thread_keys
 from ..compat.gloo_all_gather import gloo_all_gather_out
 from ..compat.pytree import spec_children
 from ..compat.inductor_batching import batched_cpu_kernels
@@ -44,7 +41,7 @@ from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
 from .trace import DataDependentError, FunctionError, trace_and_compile
 
-__all__ = ["FxCompiled", "compiling_with_fresh_keys"]
+__all__ = ["FxCompiled"]
 
 
 _MSG_READS_VALUE = (
@@ -53,24 +50,6 @@ _MSG_READS_VALUE = (
     "values on the device: use `torch.where` for branches, return metrics as 0-d tensors and read "
     "them after the call, or use backend='eager' to debug."
 )
-
-
-_THREAD = threading.local()
-
-
-@contextlib.contextmanager
-def compiling_with_fresh_keys() -> Iterator[None]:
-    """Within the block, a call on this thread that compiles does so with a new thread's dispatch keys.
-
-    For a compiled body called from an op's kernel inside a running graph (a rolled loop): there the
-    dispatcher excludes keys that tracing needs (ADInplaceOrView, PythonTLSSnapshot, Functionalize).
-    """
-    before = getattr(_THREAD, "fresh_keys", False)
-    _THREAD.fresh_keys = True
-    try:
-        yield
-    finally:
-        _THREAD.fresh_keys = before
 
 
 class _NotDonatable(Exception):
@@ -147,9 +126,7 @@ class FxCompiled:
             graph = self._graphs.get(structural)
             if graph is None:
                 try:
-                    inside_a_kernel = getattr(_THREAD, "fresh_keys", False)
-                    with fresh_thread_keys() if inside_a_kernel else contextlib.nullcontext():
-                        graph = self._compile(leaves, spec, unique)
+                    graph = self._compile(leaves, spec, unique)
                 except _NotDonatable:
                     args, kwargs = tree_unflatten(leaves, spec)
                     return self._fn(*args, **kwargs)  # ok is False: the state is untouched

@@ -19,10 +19,9 @@ from ..pytree import keystr, tree_flatten_with_path, tree_map, tree_unflatten
 from ..random import fold_in
 from ..scan import rolled_sum
 from ..transforms import value_and_grad
-from ..tree_math import tree_cast, tree_scale
+from ..tree_math import apply_updates, global_norm, tree_cast, tree_scale, tree_where
 from ..types import Batch, Key, Metrics, Params
 from ..protocols import GradientTransformation, check_gradient_transformation
-from .blockwise_update import plan_update
 from .statistic_leaves import NO_STATISTICS, statistic_leaves_of
 from ._common import RESERVED_METRICS, check_builder_args, check_state, find_learning_rate, split_loss_output
 from .token_loss import TokenLoss
@@ -258,15 +257,17 @@ def train_step(
         # laid out like it: a transposed gradient (an einsum's) would give the optimizer state new
         # strides, and a compiled step a second graph on its next call.
         grads = tree_map(_like_param, acc_grads, params)
-        update = plan_update(transform, grads, opt_state, params)
-        grad_norm = update.norm(acc_grads)
+        grad_norm = global_norm(acc_grads)
         # Any non-finite gradient element makes the norm non-finite, and the norm is computed
         # anyway: a second per-leaf reduction would cost one more kernel per parameter. A norm
         # that overflows float32 (above ~1.8e19) also reads as non-finite; such gradients are
         # unusable anyway.
         ok = torch.isfinite(loss) & torch.isfinite(grad_norm) if skip_nonfinite else None
-        new_params, new_opt_state, update_norm = update.apply(transform, grads, opt_state, params, ok,
-                                                              after=[loss, *aux.values(), *split.moves.values()])
+        updates, new_opt_state = transform.update(grads, opt_state, params)
+        new_params, update_norm = apply_updates(params, updates), global_norm(updates)
+        if ok is not None:  # a skipped step keeps the old params and state
+            new_params = tree_where(ok, new_params, params)
+            new_opt_state = tree_where(ok, new_opt_state, opt_state)
         new_params = split.moved(new_params, ok)
 
         zero_i64 = torch.zeros((), dtype=torch.int64, device=state.step.device)

@@ -1,12 +1,12 @@
 """Child-process measurement for `launch/bench_scale.py --torch-primitives`: torch's own checkpointing
-against ember's remat and rolled loop, inside ember's compiled step.
+against ember's remat and `remat_scan`, inside ember's compiled step.
 
 Public names: `PRIMITIVES`, `primitives_child`.
 
 A stack of residual MLP blocks, stacked weights, gradient taken by `ember.core.transforms.value_and_grad`
 inside `jit(backend="inductor")`. Variants are `<loop>-<remat>`:
-- loop `unrolled` (a Python loop) or `ember_scan` (`ember.core.transforms.remat_scan`, the
-  `ember::rolled_loop` op); torch's own scan operator was measured here and dropped (BENCHMARKS.md);
+- loop `unrolled` (a Python loop) or `ember_scan` (`ember.core.transforms.remat_scan`, one
+  `scan` node each way);
 - remat `none`, `ember` (`ember.core.transforms.remat`, policy full), `ember_dots` (dots_saveable),
   `checkpoint` (`torch.utils.checkpoint`, non-reentrant) or `sac_dots` (the same with a selective
   policy keeping matmul outputs).

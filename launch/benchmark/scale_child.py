@@ -38,9 +38,6 @@ def run_child(spec):
     if spec["what"] == "scan_steady":
         return scan_steady_child({name: parse_cli(spec["config"], [flag(k, v) for k, v in overrides.items()])
                                   for name, overrides in spec["variants"].items()})
-    if spec["what"] == "update_steady":
-        config = parse_cli(spec["config"], [flag(k, v) for k, v in spec["overrides"].items()])
-        return scan_steady_child({"blockwise": config, "whole": config}, whole_update=["whole"])
 
     config = parse_cli(spec["config"], [flag(k, v) for k, v in spec["overrides"].items()])
     if spec["what"] == "generate":

@@ -105,20 +105,14 @@ def step_memory_child(config: Any) -> Dict[str, Any]:
     return {"transient_bytes": peak - base, "loss": float(out[0][1]["loss"])}
 
 
-def scan_steady_child(configs: Dict[str, Any], *, rounds: int = 5, calls: int = 5,
-                      whole_update: Sequence[str] = ()) -> Dict[str, Any]:
+def scan_steady_child(configs: Dict[str, Any], *, rounds: int = 5, calls: int = 5) -> Dict[str, Any]:
     """Median warm step seconds of each config's compiled train step, all built in this process and
-    timed alternately (`rounds` rounds of `calls` calls each), with each one's first loss. The steps
-    named in `whole_update` update every leaf at once (no loop over blocks: `blockwise_update`)."""
-    from ember.core.step_fns import blockwise_update
-
-    runs, min_blocks = {}, blockwise_update.MIN_BLOCKS
+    timed alternately (`rounds` rounds of `calls` calls each), with each one's first loss."""
+    runs = {}
     for name, config in configs.items():
         step, state, batch = _step_and_inputs(config, backend="inductor", donate="state")
-        blockwise_update.MIN_BLOCKS = 10**9 if name in whole_update else min_blocks  # read while tracing
         for _ in range(3):  # compile, then warm calls
             state, metrics = step(state, batch)
-        blockwise_update.MIN_BLOCKS = min_blocks
         runs[name] = [step, state, batch, float(metrics["loss"])]
     times: Dict[str, list] = {name: [] for name in configs}
     for _ in range(rounds):

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ember.core.pytree import tree_flatten, tree_unflatten
+from ember.models.layers import as_list
 
 from .setup import Setup, Variant, bench_optim_config, sync
 
@@ -25,8 +26,7 @@ class TorchLM(torch.nn.Module):
     def __init__(self, model: Any, params: Any) -> None:
         super().__init__()
         if getattr(getattr(model, "config", None), "scan_layers", False):
-            params = {**params, "blocks": model.children["blocks"].unstack(params["blocks"])}
-            model = type(model)(model.config.replace(scan_layers=False))
+            model, params = as_list(model, params)
         leaves, self._spec = tree_flatten(params)
         self.weights = torch.nn.ParameterList([torch.nn.Parameter(t.detach().clone()) for t in leaves])
         self.model = model

@@ -19,7 +19,8 @@ from ember.core import TrainState, jit, random
 from ember.core.pytree import tree_map
 from ember.core.step_fns import train_step
 from ember.core.tree_math import tree_bytes
-from ember.models import build_model, lm_loss
+from ember.models import lm_loss
+from ember.models.layers import as_list
 from ember.optim.config import from_config
 
 from .jax_baseline import jax_variant
@@ -68,9 +69,8 @@ def _listed_variant(s: Setup, compute_dtype: Optional[torch.dtype] = None) -> Va
     if not s.cfg.model.scan_layers:
         raise ValueError("ember_inductor_list compares the list of blocks with the stacked default, but the run "
                          "config already has scan_layers=False: drop --model.scan_layers False.")
-    model = build_model(s.cfg.family, dataclasses.replace(s.cfg.model, scan_layers=False))
-    blocks = s.model.children["blocks"].unstack(s.params["blocks"])
-    listed = dataclasses.replace(s, model=model, params={**s.params, "blocks": blocks})
+    model, params = as_list(s.model, s.params)
+    listed = dataclasses.replace(s, model=model, params=params)
     variant = ember_variant(listed, backend="inductor", compute_dtype=compute_dtype)
     variant.notes += f" with model.scan_layers=False (remat {s.cfg.model.remat!r})"
     return variant

@@ -3,7 +3,7 @@
 Public names: `Param`, `Module`, `path_key`, `initializers` (module), `Linear`, `Embedding`,
 `LayerNorm`, `RMSNorm`, `Dropout`, `RotaryEmbedding`, `RopeScaling`, `YarnScaling`, `rope_frequencies`,
 `apply_rotary`, `dot_product_attention`, `attention_mask`, `repeat_kv`, `LatentAttention` (multi-head
-latent attention, shared by the DeepSeek-V3 family), `Sequential`, `Stacked`, `Stacks`, `init_kv_cache`,
+latent attention, shared by the DeepSeek-V3 family), `Sequential`, `Stacked`, `Stacks`, `as_list`, `init_kv_cache`,
 `init_cache_buffers`, `CachedCall` (the decoding cache).
 
 Attention, feed-forward layers and blocks live with their family, on the page of its `model.py`
@@ -51,6 +51,7 @@ from .rotary import RotaryEmbedding as RotaryEmbedding
 from .rotary import YarnScaling as YarnScaling
 from .rotary import apply_rotary as apply_rotary
 from .rotary import rope_frequencies as rope_frequencies
+from .stacked import as_list as as_list
 from .stacked import Sequential as Sequential
 from .stacked import Stacked as Stacked
 from .stacked import Stacks as Stacks
@@ -72,6 +73,7 @@ __all__ = [
     "Stacks",
     "YarnScaling",
     "apply_rotary",
+    "as_list",
     "attention_mask",
     "dot_product_attention",
     "init_cache_buffers",

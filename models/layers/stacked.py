@@ -1,7 +1,7 @@
 """Repeated layers: `Sequential` (a list of params), `Stacked` (one stacked tree) and `Stacks`
 (consecutive `Stacked` runs: dense blocks, then mixture-of-experts ones).
 
-Public names: `Sequential`, `Stacked`, `Stacks`.
+Public names: `Sequential`, `Stacked`, `Stacks`, `as_list`.
 
 Both give layer `i` the same init key (derived from the path `"<prefix>.<i>.<param>"`) and the
 same apply key (`split(key, n)[i]`), so for the same weights the two forms compute the same thing:
@@ -12,15 +12,13 @@ same apply key (`split(key, n)[i]`), so for the same weights the two forms compu
 
 `Stacked` runs its layers with `ember.core.transforms.remat_scan` over the leading "layers"
 dimension (its axes get a leading `"layers"` name, so the rules can shard or replicate it):
-one rolled loop forward and one backward, a layer compiled once whatever the depth (Inductor and
+one `scan` node forward and one backward, a layer compiled once whatever the depth (Inductor and
 torch_xla). The carry may be a pytree: a mixture of experts' layers carry their router statistics
 beside the activations. `remat="full"` (or another policy of `ember.core.remat_policies`) makes the backward
 recompute each layer's activations from its input, keeping only what the policy names; the default
-`"none"` keeps what each layer's own autograd graph would keep. `Sequential` runs each run of
-`roll_from` (6) or more equal layers the same way over the layers' own params
-(`remat_scan(..., per_layer=True)`), in ember's Inductor step; shorter runs, and every run
-elsewhere (eagerly, on torch_xla, on DTensor), one layer after the other, each wrapped in
-`ember.core.transforms.remat`. The costs are in BENCHMARKS.md ("How the step scales").
+`"none"` keeps what each layer's own autograd graph would keep. `Sequential` runs its layers one after
+the other, each wrapped in `ember.core.transforms.remat`: unrolled in the step's graph, so its compile
+time grows with depth (BENCHMARKS.md, "Blocks stacked by default").
 
 Under a mesh with `pp` (the rule `("layers", "pp")`), `Stacked` runs its layers as pipeline stages
 (`ember.core.partition_specs.pipeline`, with the active `Sharding`'s `PipelineSchedule`); the stages keep every
@@ -58,7 +56,7 @@ from ...core.transforms import stack_trees, unstack_trees
 from ...core.types import Key, Params, PyTree
 from .module import Module
 
-__all__ = ["Sequential", "Stacked", "Stacks"]
+__all__ = ["Sequential", "Stacked", "Stacks", "as_list"]
 
 
 def _apply_layer(layer: Module, carry: PyTree, xs: Tuple[Params, Optional[Tensor]], kwargs: Any) -> PyTree:
@@ -90,14 +88,10 @@ class Sequential(Module):
         layers: the layers, each `(x, **kwargs) -> x` of the same shape.
         remat: a remat policy for each layer (`"none"`, `"full"`, `"dots_saveable"`, `"save:<tags>"`;
             `True` means `"full"`).
-        roll_from: a run of at least this many equal layers rolls in ember's Inductor step (compiled
-            once); a shorter one unrolls, which compiles faster there (BENCHMARKS.md, "The default
-            layout rolls").
     """
 
     layers: Tuple[Module, ...]
     remat: Union[str, bool] = "none"
-    roll_from: int = 6
 
     @classmethod
     def repeat(cls, layer: Module, num_layers: int, *, remat: Union[str, bool] = "none") -> "Sequential":
@@ -107,13 +101,7 @@ class Sequential(Module):
     def validate(self) -> None:
         if not isinstance(self.layers, tuple) or not all(isinstance(m, Module) for m in self.layers):
             raise TypeError("Sequential.layers must be a tuple of Modules.")
-        if not isinstance(self.roll_from, int) or self.roll_from < 2:
-            raise ValueError(f"Sequential.roll_from must be an int >= 2 (a loop needs two layers), got "
-                             f"{self.roll_from!r}; pass a larger value to unroll longer runs.")
         remat_policy(self.remat)
-        # the runs of equal layers, as (first, end): grouped here, not in apply, which Dynamo may trace
-        firsts = itertools.accumulate((len(list(g)) for _, g in itertools.groupby(self.layers)), initial=0)
-        object.__setattr__(self, "_runs", tuple(itertools.pairwise(firsts)))
 
     def declare(self):
         return {str(i): layer for i, layer in enumerate(self.layers)}
@@ -127,25 +115,12 @@ class Sequential(Module):
         return [layer.init_at(key, f"{path}.{i}" if path else str(i)) for i, layer in enumerate(self.layers)]
 
     def apply(self, params: Params, x: PyTree, *, key: Optional[Key] = None, **kwargs: Any) -> PyTree:
-        """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output.
-
-        Each run of `roll_from` or more equal layers with parameters is one
-        `remat_scan(..., per_layer=True)`: in ember's Inductor step one rolled loop each way, compiled
-        once whatever the depth, over the layers' own parameters; elsewhere the layers one after the other.
-        """
+        """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
         _refuse_unstacked("a list (Sequential)")
         keys = _layer_keys(key, len(self.layers))
-        for first, end in self._runs:
-            layer = self.layers[first]
-            per_layer = [(params[j] if layer.has_params else {}, None if keys is None else keys[j])
-                         for j in range(first, end)]
-            if end - first >= self.roll_from and layer.has_params:
-                x = remat_scan(functools.partial(_apply_layer, layer), x, per_layer, kwargs, policy=self.remat,
-                               name="ember.Sequential", per_layer=True)
-                continue
-            fn = _remat(layer.apply, policy=self.remat)
-            for p, k in per_layer:
-                x = fn(p, x, key=k, **kwargs)
+        for i, layer in enumerate(self.layers):
+            x = _remat(layer.apply, policy=self.remat)(params[i] if layer.has_params else {}, x,
+                                                        key=None if keys is None else keys[i], **kwargs)
         return x
 
 
@@ -293,3 +268,17 @@ class Stacks(Module):
     def unstack(self, params: Params) -> List[Params]:
         """The per-layer params (`Sequential`'s layout) of this module's params."""
         return [layer for s, p in zip(self.stacks, params) for layer in s.unstack(p)]
+
+
+def as_list(model: Any, params: Optional[Params] = None) -> Tuple[Any, Optional[Params]]:
+    """A stacked model's twin with its blocks as a list (`scan_layers=False`), and `params` unstacked to
+    match; a model whose blocks are a list, and its params, as they are.
+
+    For what runs the layers one by one: KV-cache decoding, the torch baselines, Hugging Face's layout.
+    """
+    if not model.config.scan_layers:
+        return model, params
+    listed = type(model)(model.config.replace(scan_layers=False))
+    if params is not None:
+        params = {**params, "blocks": model.children["blocks"].unstack(params["blocks"])}
+    return listed, params

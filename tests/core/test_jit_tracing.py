@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 
 import pytest
 import torch
@@ -54,27 +53,6 @@ def test_same_tensor_twice_and_passthrough_outputs():
     x, c = torch.ones(2), torch.zeros(2)
     total, same = f(x, x, c)
     assert total.tolist() == [2.0, 2.0] and same is c
-
-
-def test_a_compile_inside_compiling_with_fresh_keys_traces_here_with_a_new_threads_keys():
-    from ember.core.jit_backends.traced import compiling_with_fresh_keys
-
-    seen = []
-
-    def f(x):
-        seen.append((threading.current_thread() is threading.main_thread(), torch.is_grad_enabled(),
-                     str(torch._C._dispatch_tls_local_exclude_set())))
-        return x + 1
-
-    jit(f)(torch.ones(1))  # the keys a trace sees from a plain caller
-    as_from_a_plain_caller = seen.pop()[2]
-    # A kernel's exclusions (as inside a running graph's op), which would break tracing:
-    excluded = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView))
-    fn = jit(f)
-    with torch.no_grad(), compiling_with_fresh_keys(), excluded:
-        assert torch.equal(fn(torch.ones(2)), torch.full((2,), 2.0))
-        fn(torch.ones(2))  # compiled: no trace
-    assert seen == [(True, False, as_from_a_plain_caller)]
 
 
 def test_is_compiling_is_true_while_tracing():

@@ -46,14 +46,3 @@ def test_sizes_and_cast():
 def test_structure_mismatch_is_named():
     with pytest.raises(ValueError, match="differ in structure"):
         tm.tree_add(A, {"w": torch.ones(2)})
-
-
-def test_given_global_norm_answers_for_exactly_its_tensors():
-    a, b = torch.ones(2), torch.ones(3)
-    norm = torch.tensor(7.0)
-    with tm.given_global_norm({"a": a, "b": b}, norm) as uses:
-        assert tm.global_norm([a, b]) is norm
-        assert tm.global_norm([a]).item() == pytest.approx(2**0.5)  # another tree: computed
-        assert tm.global_norm([a.clone(), b]).item() == pytest.approx(5**0.5)
-    assert len(uses) == 1
-    assert tm.global_norm([a, b]).item() == pytest.approx(5**0.5)  # outside the block: computed

@@ -88,7 +88,7 @@ def test_baseline_primitives_and_bridged_checkpointing_sections_report(tmp_path)
         capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path), timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     text = md.read_text()
-    assert f"| baseline {head} | 1 | False |" in text and "| this tree | 1 | False |" in text, text
+    assert f"| baseline {head} | 1 | True |" in text and "| this tree | 1 | True |" in text, text
     assert "| unrolled | none |" in text and "| unrolled | checkpoint |" in text, text
     assert "| False |" in text and "| True |" in text, text  # checkpointing off and on
     worktrees = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True, cwd=ROOT).stdout

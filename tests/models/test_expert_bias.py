@@ -161,7 +161,7 @@ def test_a_loss_function_with_a_wrong_rule_is_refused():
 
 @pytest.mark.slow
 def test_the_compiled_step_moves_the_bias_as_the_eager_step_does():
-    """In ember's Inductor step (donated state, the update blockwise where it rolls): the eager step's bias bits."""
+    """In ember's Inductor step (donated state): the eager step's bias bits."""
     from ember.core.jit import jit
 
     model, batch = _model(), _batch()

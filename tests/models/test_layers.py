@@ -441,27 +441,6 @@ def test_stacks_of_mixed_layers_equal_sequential():
     assert_trees_all_close(stk.unstack(grad(loss(stk))(p_stk, x)), grad(loss(seq))(p_seq, x), rtol=1e-5, atol=1e-7)
 
 
-def test_sequential_rolls_each_run_of_roll_from_or_more_equal_layers_in_the_compiled_step():
-    from ember.core import jit
-    from ember.core.rolled_loop import _REGISTRY
-
-    kinds = (Linear(D, D), Linear(D, D, bias=False))  # two kinds of layers: other params
-    seq = Sequential((kinds[0],) * 2 + (kinds[1],) * 3, remat="full", roll_from=3)
-    assert seq._runs == ((0, 2), (2, 5))
-    p, x = seq.init(random.key(0)), _x(2, 5, D)
-    loss = lambda p, x: torch.tanh(seq.apply(p, x)).square().mean()  # noqa: E731
-    before = {k for k in _REGISTRY.loops if k.startswith("ember.Sequential#")}
-    got = jit(grad(loss))(p, x)
-    new = {k for k in _REGISTRY.loops if k.startswith("ember.Sequential#")} - before
-    assert len(new) == 1  # the run of 3 rolls (its layers' own params, no stacked copy); the run of 2 unrolls
-    assert_trees_all_close(got, grad(loss)(p, x), rtol=1e-5, atol=1e-6)
-
-
-def test_a_roll_from_below_two_names_the_fix():
-    with pytest.raises(ValueError, match=r"roll_from must be an int >= 2 .* got 1"):
-        Sequential((Linear(D, D),) * 2, roll_from=1)
-
-
 def test_sequential_remat_grads_equal_plain():
     blk = _block()
     plain, rem = Sequential.repeat(blk, 2), Sequential.repeat(blk, 2, remat=True)
