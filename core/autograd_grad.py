@@ -16,47 +16,15 @@ so the outer gradient differentiates through the inner one.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Any, Callable, ContextManager, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from .compat.functorch import any_transform_active
 from .pytree import tree_flatten, tree_map, tree_unflatten
+from .trace_context import here, inside_gradient
 
-__all__ = ["autograd_value_and_grad", "detached_vjp", "held_through_backward", "pull_back", "run_differentiated",
-           "torch_func_here"]
-
-# How many autograd-path gradients enclose this one (trace-time bookkeeping, not step state).
-_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("ember_autograd_grad_depth", default=0)
-# Contexts entered inside the innermost gradient's function, to exit once its backward is done.
-_HELD: contextvars.ContextVar[Optional[List[ContextManager[Any]]]] = contextvars.ContextVar(
-    "ember_autograd_grad_held", default=None)
-
-
-@contextlib.contextmanager
-def held_through_backward(context: ContextManager[Any]) -> Iterator[None]:
-    """Enter `context` for the block; inside an ember gradient (grad enabled), keep it entered until
-    that gradient's backward is done, so what a `torch.utils.checkpoint` recomputes there sees it too
-    (a bridged module's swapped-in parameters). Held contexts exit in reverse order."""
-    held = _HELD.get()
-    if held is None or not torch.is_grad_enabled():
-        with context:
-            yield
-        return
-    context.__enter__()
-    held.append(context)
-    yield
-
-
-def torch_func_here() -> bool:
-    """Whether gradients here are `torch.func`'s to take: inside one of its transforms (vmap, jvp, a
-    user's `torch.func.grad`), whose engine would not see autograd's, or while Dynamo traces, which
-    traces `torch.func.grad` but not `torch.autograd.grad`. Dynamo is asked first: it cannot trace
-    torch.func's level query inside its own `torch.func.grad`."""
-    return torch.compiler.is_dynamo_compiling() or any_transform_active()
+__all__ = ["autograd_value_and_grad", "detached_vjp", "pull_back", "run_differentiated"]
 
 
 def _fresh_leaves(arg: Any, nested: bool) -> Tuple[Any, List[Tensor]]:
@@ -76,29 +44,21 @@ def autograd_value_and_grad(fn: Callable, indices: Sequence[int], has_aux: bool,
     `out` is the loss or `(loss, aux)`; `grads[k]` has the structure of `args[indices[k]]`, with
     zeros where the loss does not depend on a leaf (as `torch.func.grad` gives).
     """
-    depth = _DEPTH.get()
-    nested = depth > 0 or any(t.requires_grad for i in indices for t in tree_flatten(args[i])[0])
+    nested = here().gradients > 0 or any(t.requires_grad for i in indices for t in tree_flatten(args[i])[0])
     args = list(args)
     per_arg: List[Tuple[Any, List[Tensor]]] = []
     for i in indices:
         args[i], fresh = _fresh_leaves(args[i], nested)
         per_arg.append((tree_flatten(args[i])[1], fresh))
-    token, held_token = _DEPTH.set(depth + 1), _HELD.set([])
-    try:
-        with torch.enable_grad():
-            out = fn(*args, **kwargs)
-            loss = out[0] if has_aux else out
-            inputs = [t for _, fresh in per_arg for t in fresh]
-            if loss.requires_grad:
-                found = torch.autograd.grad(loss, inputs, allow_unused=True, materialize_grads=True,
-                                            create_graph=nested)
-            else:  # the loss does not depend on the differentiated arguments at all
-                found = tuple(torch.zeros_like(t) for t in inputs)
-    finally:
-        for context in reversed(_HELD.get()):
-            context.__exit__(None, None, None)
-        _DEPTH.reset(token)
-        _HELD.reset(held_token)
+    with inside_gradient(), torch.enable_grad():
+        out = fn(*args, **kwargs)
+        loss = out[0] if has_aux else out
+        inputs = [t for _, fresh in per_arg for t in fresh]
+        if loss.requires_grad:
+            found = torch.autograd.grad(loss, inputs, allow_unused=True, materialize_grads=True,
+                                        create_graph=nested)
+        else:  # the loss does not depend on the differentiated arguments at all
+            found = tuple(torch.zeros_like(t) for t in inputs)
     grads, start = [], 0
     for spec, fresh in per_arg:
         grads.append(tree_unflatten(list(found[start:start + len(fresh)]), spec))
@@ -152,7 +112,7 @@ def detached_vjp(fn: Callable[..., Tensor], *primals: Any) -> Tuple[Tensor, Call
     `torch.autograd.grad` on fresh leaves, the engine of ember's `grad`; inside a `torch.func`
     transform or under Dynamo by `torch.func.vjp`, which composes there.
     """
-    if torch_func_here():
+    if here().torch_func:
         return torch.func.vjp(fn, *_detached(primals))
     trees, leaves = [], []
     for primal in primals:

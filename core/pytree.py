@@ -100,7 +100,7 @@ def _make_post_init(user_post_init: Callable[[Any], None] | None) -> Callable[[A
     def __post_init__(self: Any) -> None:
         # Skipped while tracing: the check is for users building states, and dataclass field
         # metadata (a mappingproxy) is opaque to Dynamo.
-        static_names = () if torch.compiler.is_dynamo_compiling() else type(self)._ember_static_fields
+        static_names = () if torch.compiler.is_compiling() else type(self)._ember_static_fields
         for name in static_names:
             if isinstance(getattr(self, name), torch.Tensor):
                 warnings.warn(

@@ -57,12 +57,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .autograd_grad import pull_back, torch_func_here
-from .compat.shared_subgraph import sharing
+from .autograd_grad import pull_back
 from .pytree import tree_flatten, tree_unflatten
 from .remat_barrier import tie_to_gradient
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, remat_policy, unflatten_saved
 from .shared_call import shared_call
+from .trace_context import here
 from .types import PyTree
 
 __all__ = ["remat"]
@@ -153,7 +153,7 @@ class _RematFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(plan: _Plan, *tensors: Tensor) -> Tuple[Tensor, ...]:
-        if plan.shared is not None and sharing():
+        if plan.shared is not None and here().shares:
             plan.shared.plan = plan
             outs, plan.kept, layout = shared_call(plan.shared.forward, plan.shared.name, list(tensors), plan.key)
             for name in _LAYOUT:
@@ -189,7 +189,7 @@ def _recompute(
     `saved` is the block's inputs followed by what the policy kept, which the recomputation takes
     back instead of running those ops again.
     """
-    if plan.shared is not None and sharing():
+    if plan.shared is not None and here().shares:
         plan.shared.plan = plan
         return shared_call(plan.shared.backward, plan.shared.name + ".backward", list(saved),
                            list(grad_outputs), tuple(bool(n) for n in needs), plan.key)
@@ -292,7 +292,7 @@ def remat(
 
     @functools.wraps(fn)
     def rematted(*args: Any, **kwargs: Any) -> Any:
-        if torch_func_here():
+        if here().torch_func:
             return fn(*args, **kwargs)  # their engine would keep what remat recomputes: run plainly
         n = len(args)
         static_pos = set()
@@ -320,7 +320,7 @@ def remat(
             return fn(*call_args, **kw)
 
         tensors = [leaves[i] for i in tensor_idx]
-        if plain and not sharing():
+        if plain and not here().shares:
             return fn(*args, **kwargs)
         key = None
         if share is not None and not static_pos:  # static arguments are objects: they cannot key a body

@@ -19,9 +19,9 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .compat.xla_loop import inside_xla_fold
 from .define_once import define_once
 from .jit_backends.dtensor_local import rewrap, to_local
+from .trace_context import here
 
 __all__: List[str] = []
 
@@ -60,13 +60,13 @@ def tie_to_gradient(saved: Sequence[Tensor], grads: Sequence[Optional[Tensor]]) 
     if not after or not picked:
         return list(saved)
     if saved[picked[0]].device.type == "xla":
-        if inside_xla_fold():
+        if here().in_xla_loop:  # a barrier inside a While's body crashes torch_xla 2.9's CPU compile (measured)
             return list(saved)
         import torch_xla.core.xla_model as xm
 
         xm.optimization_barrier_([*saved, *after])
         return list(saved)
-    if not torch.compiler.is_compiling():
+    if here().tracer is None:
         return list(saved)
     out = list(saved)
     # DTensor has no rule for ember's op: the barrier runs on the local shards, placed back as they were

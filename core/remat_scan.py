@@ -30,6 +30,7 @@ from .remat import _differentiable, remat
 from .remat_policies import RematPolicy, remat_policy
 from .scan import rolls_in_the_graph, scan, xla_loop_possible
 from .scan_rolled import rolled_scan
+from .trace_context import xla_loop_body
 from .types import PyTree
 
 __all__ = ["remat_scan"]
@@ -53,7 +54,7 @@ class _Flat:
 
 def _loop(body: Callable[[Any, Any], Tuple[Any, Any]], init: Any, xs: Any) -> Tuple[Any, Any]:
     """One XLA `While` of `body` over `xs`; a Python loop where torch_xla has none (`xla_scan`)."""
-    out = xla_scan(body, init, xs)
+    out = xla_scan(xla_loop_body(body), init, xs)
     return scan(body, init, xs, unroll=True) if out is None else out
 
 

@@ -35,10 +35,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .compat.functorch import any_transform_active
-from .compat.xla_loop import inside_xla_fold, xla_fold
+from .compat.xla_loop import xla_fold
 from .pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map, tree_unflatten
 from .scan_rolled import rolled_scan
+from .trace_context import here, xla_loop_body
 from .types import PyTree
 
 __all__ = ["rolled_sum", "rolls_in_the_graph", "scan", "stack_trees", "unstack_trees", "xla_loop_possible"]
@@ -201,7 +201,7 @@ def rolls_in_the_graph(init: PyTree, xs: PyTree, n: int, unroll: Union[int, bool
     """Whether this call runs inside ember's Inductor trace, on plain tensors, rolled (module docstring)."""
     if unroll is True or unroll >= n or n < 2:
         return False
-    if not torch.compiler.is_compiling() or torch.compiler.is_dynamo_compiling() or any_transform_active():
+    if not here().ember_traced:
         return False
     leaves = [t for t in (*tree_flatten(init)[0], *tree_flatten(xs)[0]) if t is not None]
     return all(isinstance(t, Tensor) and not _is_dtensor(t) and t.device.type != "xla" for t in leaves)
@@ -219,7 +219,7 @@ def xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
     """Whether a loop over `tensors` can be an XLA `While` here: all on torch_xla, no DTensor, under
     no `torch.func` transform, and not inside another XLA loop's body."""
     return (bool(tensors) and all(t.device.type == "xla" and not _is_dtensor(t) for t in tensors)
-            and not any_transform_active() and not inside_xla_fold())
+            and not (here().transform or here().in_xla_loop))
 
 
 def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTree) -> PyTree:
@@ -253,7 +253,7 @@ def rolled_sum(fn: Callable[[PyTree, PyTree], PyTree], consts: PyTree, xs: PyTre
         return first
     rest = tree_map(lambda t: t if t is None else t[1:], xs)
     if xla_loop_possible(tensors):
-        folded = xla_fold(lambda total, x: add(total, x)[0], first, rest)
+        folded = xla_fold(xla_loop_body(lambda total, x: add(total, x)[0]), first, rest)
         if folded is not None:
             return folded
     return scan(add, first, rest, unroll=True)[0]

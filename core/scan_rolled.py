@@ -31,10 +31,10 @@ from .autograd_grad import pull_back, run_differentiated
 from .compat.dispatch_mode import TorchDispatchMode
 from .compat.functorch import transform_wrapped
 from .compat.scan import torch_scan
-from .compat.shared_subgraph import plain_calls
 from .pytree import tree_flatten, tree_map, tree_unflatten
 from .remat import _differentiable
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, unflatten_saved
+from .trace_context import loop_body
 from .types import PyTree
 
 __all__ = ["closes_over_gradients", "rolled_scan"]
@@ -155,7 +155,7 @@ class _Plan:
         """One step on flat lists: the new carry's leaves and the y leaves that are tensors. `k` holds the
         consts' tensors, then the loop's stand-ins for the tensors `f` closes over."""
         stand_ins = dict(zip(map(id, self.closures), k[self.n_consts:]))
-        with plain_calls(), _Lifted(stand_ins) if stand_ins else contextlib.nullcontext():
+        with loop_body(), _Lifted(stand_ins) if stand_ins else contextlib.nullcontext():
             new, y = self.f(self.carry.rebuild(carry), self.xs.rebuild(x), self.consts.rebuild(k[:self.n_consts]))
         return [v for v in tree_flatten(new)[0] if isinstance(v, Tensor)], [
             v for v in tree_flatten(y)[0] if isinstance(v, Tensor)]

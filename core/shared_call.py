@@ -18,9 +18,10 @@ from typing import Any, Callable, Dict, List, Tuple
 
 from torch import Tensor
 
-from .compat.shared_subgraph import call_shared, function_index, sharing
+from .compat.shared_subgraph import call_shared, function_index
 from .jit_backends.dtensor_local import has_dtensor
 from .pytree import tree_flatten, tree_unflatten
+from .trace_context import here, loop_body
 
 __all__ = ["shared_call"]
 
@@ -48,7 +49,7 @@ def shared_call(fn: Callable[..., Any], name: str, *args: Any) -> Any:
     Returns:
         What `fn(*args)` returns.
     """
-    if not sharing():
+    if not here().shares:
         return fn(*args)
     leaves, spec = tree_flatten(args)
     if has_dtensor(leaves):
@@ -64,6 +65,10 @@ def shared_call(fn: Callable[..., Any], name: str, *args: Any) -> Any:
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, Tensor)]
 
     def flat(*tensors: Tensor) -> Tuple[Tensor, ...]:
+        with loop_body():  # another shared subgraph would nest in this one's body
+            return _flat(*tensors)
+
+    def _flat(*tensors: Tensor) -> Tuple[Tensor, ...]:
         full = list(leaves)
         for i, t in zip(tensor_pos, tensors):
             full[i] = t

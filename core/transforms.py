@@ -38,7 +38,7 @@ from typing import Any, Callable, Literal, Optional, Sequence, Tuple, Union, get
 
 import torch
 
-from .autograd_grad import autograd_value_and_grad, torch_func_here
+from .autograd_grad import autograd_value_and_grad
 from .pytree import tree_leaves, tree_leaves_with_path
 from .remat import remat as remat
 from .remat_policies import checkpoint_name as checkpoint_name
@@ -48,6 +48,7 @@ from .scan import scan as scan
 from .scan import stack_trees as stack_trees
 from .scan import unstack_trees as unstack_trees
 from .shared_call import shared_call as shared_call
+from .trace_context import here
 
 __all__ = [
     "checkpoint_name",
@@ -270,7 +271,7 @@ def value_and_grad(fn: Callable, argnums: Argnums = 0, *, has_aux: bool = False)
 
     @functools.wraps(fn)
     def value_and_grad_fn(*args: Any, **kwargs: Any) -> Any:
-        grads, value = call(inner if torch_func_here() else by_autograd, *args, **kwargs)
+        grads, value = call(inner if here().torch_func else by_autograd, *args, **kwargs)
         return value, grads
 
     return value_and_grad_fn

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .trace_context import here
 from .types import Params, PyTree, Updates
 
 __all__ = [
@@ -104,7 +105,7 @@ def global_norm(tree: PyTree) -> Tensor:
     raw = tree_leaves(tree)
     if not raw:
         return torch.zeros(())
-    if torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling():
+    if here().tracer == "ember":
         return torch.stack([square_sum(t) for t in raw]).sum().sqrt()
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(
         [t if t.dtype == torch.float32 else t.float() for t in raw])))

@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 from ..core import pytree
-from ..core.autograd_grad import held_through_backward
+from ..core.trace_context import held_through_backward
 from ..core.compat.stateless import reparametrized
 from ..core.partition_specs.path_rules import AxesRule, DefaultAxes, axes_from_rules
 from ..core.types import Key, Params, PyTree

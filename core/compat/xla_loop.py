@@ -13,16 +13,9 @@ from typing import Any, Callable, Optional, Tuple
 
 from . import warn_once
 
-__all__ = ["inside_xla_fold", "xla_fold", "xla_scan"]
+__all__ = ["xla_fold", "xla_scan"]
 
 _HANDLE_MOVED = "Parameter ID must exist for device data"
-_depth = [0]  # not thread-local: autograd may run the body's backward on its XLA device thread
-
-
-def inside_xla_fold() -> bool:
-    """Whether an `xla_fold` body is being traced here (remat leaves its optimization barrier out:
-    one inside the While body makes torch_xla 2.9's CPU compile crash, measured)."""
-    return _depth[0] > 0
 
 
 def xla_scan(fn: Callable[[Any, Any], Tuple[Any, Any]], init: Any, xs: Any) -> Optional[Tuple[Any, Any]]:
@@ -37,15 +30,8 @@ def xla_scan(fn: Callable[[Any, Any], Tuple[Any, Any]], init: Any, xs: Any) -> O
         warn_once("xla_while_loop", f"torch_xla has no forward-only scan ({err}); loops unroll.")
         return None
 
-    def body(c: Any, x: Any) -> Any:
-        _depth[0] += 1
-        try:
-            return fn(c, x)
-        finally:
-            _depth[0] -= 1
-
     try:
-        return _scan_impl_pytree(body, init, xs)
+        return _scan_impl_pytree(fn, init, xs)
     except RuntimeError as err:
         if _HANDLE_MOVED not in str(err):
             raise
@@ -56,7 +42,7 @@ def xla_scan(fn: Callable[[Any, Any], Tuple[Any, Any]], init: Any, xs: Any) -> O
     import torch_xla.core.xla_model as xm
 
     xm.wait_device_ops()
-    return _scan_impl_pytree(body, init, xs)
+    return _scan_impl_pytree(fn, init, xs)
 
 
 def xla_fold(fn: Callable[[Any, Any], Any], init: Any, xs: Any) -> Optional[Any]:

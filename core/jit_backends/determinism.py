@@ -22,7 +22,6 @@ import contextlib
 import logging
 import os
 import re
-import threading
 from typing import Iterator, List, Optional
 
 import torch
@@ -78,19 +77,9 @@ def deterministic_sdpa_backends() -> List[object]:
     return [getattr(SDPBackend, name) for name in DETERMINISTIC_SDPA if enabled[name]]
 
 
-_SCOPE = threading.local()
-
-
 @contextlib.contextmanager
 def deterministic_algorithms() -> Iterator[None]:
-    """Strict deterministic algorithms and deterministic SDPA backends within the block, then as before.
-
-    Inside another such block on the same thread (a compiled loop body called from the running step)
-    it changes nothing: the outer block's settings are in force.
-    """
-    if getattr(_SCOPE, "inside", False):
-        yield
-        return
+    """Strict deterministic algorithms and deterministic SDPA backends within the block, then as before."""
     from torch.nn.attention import sdpa_kernel
 
     enabled = torch.are_deterministic_algorithms_enabled()
@@ -103,11 +92,9 @@ def deterministic_algorithms() -> Iterator[None]:
             stack.enter_context(sdpa_kernel(backends))
         torch.use_deterministic_algorithms(True, warn_only=False)
         torch.utils.deterministic.fill_uninitialized_memory = False
-        _SCOPE.inside = True
         try:
             yield
         finally:
-            _SCOPE.inside = False
             torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
             torch.utils.deterministic.fill_uninitialized_memory = fill
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..compat.inductor import compiling_in, data_dependent_errors, fake_mode, trace_fx
+from ..trace_context import ember_trace
 
 __all__ = ["DataDependentError", "FunctionError", "trace_and_compile"]
 
@@ -32,14 +33,15 @@ def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
                       compile: Optional[Callable[[torch.fx.GraphModule, Sequence[torch.Tensor]], Any]] = None) -> Any:
     """`make_fx(fn)(*inputs)` on fake tensors, then `compile(gm, inputs)` (or `gm` when None).
 
-    `torch.compiler.is_compiling()` is True while tracing.
+    While it traces, `torch.compiler.is_compiling()` is True and `trace_context.here().tracer` is "ember".
 
     Raises:
         DataDependentError: `fn` read a tensor's value (`.item()`, `bool(t)`, `if t > 0`).
     """
     mode = fake_mode()
     try:
-        gm = trace_fx(fn, inputs, mode)
+        with ember_trace():
+            gm = trace_fx(fn, inputs, mode)
     except data_dependent_errors() as err:
         raise DataDependentError(str(err).splitlines()[0][:200]) from err
     _drop_constant_numbers(gm)

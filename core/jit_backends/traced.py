@@ -21,10 +21,11 @@ their local shards (`dtensor_local.py`), and tensors that require grad go to Dyn
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -39,6 +40,7 @@ from ..compat.inductor_loop_order import foreach_loop_reordering
 from ..compat.inductor_while_loop import while_loop_aliased_carries
 from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
+from ..trace_context import sharing_subgraphs
 from .trace import DataDependentError, FunctionError, trace_and_compile
 
 __all__ = ["FxCompiled"]
@@ -50,6 +52,13 @@ _MSG_READS_VALUE = (
     "values on the device: use `torch.where` for branches, return metrics as 0-d tensors and read "
     "them after the call, or use backend='eager' to debug."
 )
+
+
+@contextlib.contextmanager
+def _shared_subgraphs() -> Iterator[None]:
+    """The `shared_subgraph` patch, and ember's calls told they may share (`here().shares`)."""
+    with shared_subgraphs(), sharing_subgraphs():
+        yield
 
 
 class _NotDonatable(Exception):
@@ -167,7 +176,7 @@ class FxCompiled:
         def trace_then_compile() -> Callable[..., Any]:
             return trace_and_compile(flat, unique, self._compiler)
 
-        patches = [("frees_after_last_read", frees_after_last_read), ("shared_subgraph", shared_subgraphs),
+        patches = [("frees_after_last_read", frees_after_last_read), ("shared_subgraph", _shared_subgraphs),
                    ("foreach_loop_reordering", foreach_loop_reordering),
                    ("while_loop_aliased_carries", while_loop_aliased_carries)]
         if any(t.device.type == "cpu" for t in unique):

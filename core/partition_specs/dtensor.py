@@ -40,16 +40,15 @@ Example (two gloo processes; see `tests/partition_specs/test_dtensor_matrix.py`)
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-import threading
-from typing import Any, Iterator, List, Sequence, Tuple
+from typing import Any, ContextManager, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from ..mesh import Mesh, MeshError
+from ..trace_context import here, implicitly_replicated
 from ..compat import dtensor_rules
 from .rules import ShardingRuleError
 from .spec import PartitionSpec
@@ -194,9 +193,6 @@ def redistribute(x: torch.Tensor, device_mesh: Any, want: Sequence[Any]) -> torc
     return _Redistribute.apply(x, device_mesh, tuple(want))[0]
 
 
-_REPLICATING = threading.local()  # how deeply DTensorLowering.context is entered in this thread
-
-
 class DTensorLowering:
     """The `Lowering` of `ember.core.partition_specs.sharding` on a torch.distributed `DeviceMesh`.
 
@@ -282,7 +278,7 @@ class DTensorLowering:
         replicated.
         """
         want = tuple(self.placements(spec, x.dim()))
-        if torch.compiler.is_dynamo_compiling():
+        if here().tracer == "dynamo":
             if _is_dtensor(x):  # outside a torch.func transform Dynamo sees the DTensor itself
                 return x.redistribute(self._device_mesh, want)
             return x  # Dynamo cannot trace the Function under torch.func: DTensor's op rules decide
@@ -297,17 +293,7 @@ class DTensorLowering:
         full = x.full_tensor() if _is_dtensor(x) else x
         return full.detach().cpu()
 
-    @contextlib.contextmanager
-    def context(self) -> Iterator[None]:
-        """`implicit_replication()`: plain tensors mixed with DTensors count as replicated. Entered once however
-        deeply lowerings nest (a pipeline's stages run on a slice of the mesh): torch's context turns the
-        replication off when it exits, for the outer one too."""
-        from torch.distributed.tensor.experimental import implicit_replication
-
-        depth = getattr(_REPLICATING, "depth", 0)
-        _REPLICATING.depth = depth + 1
-        try:
-            with implicit_replication() if depth == 0 else contextlib.nullcontext():
-                yield
-        finally:
-            _REPLICATING.depth = depth
+    def context(self) -> ContextManager[None]:
+        """`implicit_replication()`: plain tensors mixed with DTensors count as replicated, entered once however
+        deeply lowerings nest (a pipeline's stages run on a slice of the mesh)."""
+        return implicitly_replicated()

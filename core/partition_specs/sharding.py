@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 from ..pytree import tree_flatten, tree_map, tree_structure, tree_unflatten
 
 from ..mesh import Mesh
+from ..trace_context import here, using_sharding
 from .layouts import Layout
 from .rules import Rules, ShardingRuleError, resolve, resolve_tree
 from .spec import PartitionSpec
@@ -110,7 +110,7 @@ class Sharding:
     def compute_spec(self, axes: Sequence[Optional[str]], shape: Optional[Sequence[int]] = None) -> PartitionSpec:
         """The compute-time spec for a tensor with logical `axes` (cached per axes tuple)."""
         axes = tuple(axes)
-        if torch.compiler.is_dynamo_compiling():
+        if here().tracer == "dynamo":
             # No cache while Dynamo traces: it would guard on the cache's contents, which the trace
             # itself fills, and the second call of a compiled step would compile again.
             return resolve(axes, self.layout.compute, mesh_sizes=self.mesh.sizes(), name=f"activation {axes}")
@@ -124,31 +124,16 @@ class Sharding:
         return f"Sharding({self.mesh!r}, layout={self.layout.name!r})"
 
 
-class _ActiveShardings(threading.local):
-    """The `use_sharding` stack, one per thread: another thread (data loading, an evaluation
-    thread) never sees, or pops, a training thread's sharding. Dynamo traces reads of it."""
-
-    def __init__(self) -> None:
-        self.stack: List[Optional[Sharding]] = []
-
-
-_ACTIVE = _ActiveShardings()
-
-
 @contextlib.contextmanager
 def use_sharding(sharding: Optional[Sharding]) -> Iterator[Optional[Sharding]]:
     """Make `sharding` the one `constrain` uses in this thread (None: unsharded) and enter its lowering's context."""
-    _ACTIVE.stack.append(sharding)
-    try:
-        with (sharding.lowering.context() if sharding is not None else contextlib.nullcontext()):
-            yield sharding
-    finally:
-        _ACTIVE.stack.pop()
+    with using_sharding(sharding), (sharding.lowering.context() if sharding is not None else contextlib.nullcontext()):
+        yield sharding
 
 
 def current_sharding() -> Optional[Sharding]:
     """The innermost `use_sharding` value of this thread, or None."""
-    return _ACTIVE.stack[-1] if _ACTIVE.stack else None
+    return here().sharding
 
 
 def constrain(x: torch.Tensor, axes: Sequence[Optional[str]], *, sharding: Optional[Sharding] = None,

@@ -8,14 +8,14 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-import torch
+from ..trace_context import here
 
 
 def typechecked(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Check jaxtyping annotations with beartype in eager mode; skip checks under torch.compile.
 
     jaxtyping + beartype checks fail under `torch.compile` (and give false errors without
-    `fullgraph`), so the wrapper calls `fn` unchecked while `torch.compiler.is_dynamo_compiling()`.
+    `fullgraph`), so the wrapper calls `fn` unchecked while Dynamo traces (`here().tracer == "dynamo"`).
 
     Args:
         fn: a function annotated with jaxtyping types, e.g. `Float[torch.Tensor, "b t d"]`.
@@ -50,7 +50,7 @@ def typechecked(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_dynamo_compiling():
+        if here().tracer == "dynamo":
             return fn(*args, **kwargs)
         return checked(*args, **kwargs)
 
