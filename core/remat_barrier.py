@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .define_once import define_once
-from .jit_backends.dtensor_local import rewrap, to_local
+from .local_shards import rewrap, to_local
 from .trace_context import here
 
 __all__: List[str] = []

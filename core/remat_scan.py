@@ -10,13 +10,17 @@ recomputes nothing (`everything_saveable`). Where it runs:
 
 - in ember's Inductor step, the forward loop and the backward loop are each one `scan` node of the
   step's graph (`scan_rolled.py`, the kept results stacked as the forward's ys);
-- on torch_xla with a policy that keeps nothing (`"full"`), each is one XLA `While` (below);
+- on torch_xla with a policy that keeps nothing (`"full"`), each is one XLA `While` (below); with
+  `"none"` (the default), outside SPMD, it is torch_xla's differentiable `scan` (`_kept_on_xla`), whose
+  AOTAutograd backward keeps what a plain layer's keeps; the other cases run unrolled there;
 - elsewhere (eagerly, under Dynamo or `vmap`, with DTensor inputs) it is `scan` of
   `remat(fn, shared=True)`: the same numbers, the layers unrolled.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -24,13 +28,12 @@ from torch import Tensor
 
 from .autograd_grad import pull_back
 from .compat.xla_loop import xla_scan
-from .jit_backends.trace import FunctionError
 from .pytree import tree_flatten, tree_unflatten
 from .remat import _differentiable, remat
 from .remat_policies import RematPolicy, remat_policy
 from .scan import rolls_in_the_graph, scan, xla_loop_possible
 from .scan_rolled import rolled_scan
-from .trace_context import xla_loop_body
+from .trace_context import FunctionError, xla_loop_body
 from .types import PyTree
 
 __all__ = ["remat_scan"]
@@ -161,6 +164,52 @@ def _describe(tree: PyTree) -> str:
     return tensors[0] if len(leaves) == 1 and tensors else f"{type(tree).__name__} of [{', '.join(tensors)}]"
 
 
+_BODIES: "collections.OrderedDict[Any, Callable]" = collections.OrderedDict()
+"""Bodies of `_kept_on_xla` by what they compute (the layer and the trees' structure): torch_xla keeps the
+trace of a pure body by its identity, and the step's Python runs again every step on torch_xla."""
+
+
+def _kept_body(fn: Callable, xs: _Flat, consts: _Flat) -> Tuple[Callable, bool]:
+    """The scan body of `fn` over `xs` then `consts`'s tensors, and whether it is the one kept for them."""
+    n_x = len(xs.tensors)
+
+    def body(h: PyTree, sliced: List[Tensor]) -> Tuple[PyTree, Tuple[()]]:
+        return fn(h, xs.rebuild(sliced[:n_x]), consts.rebuild(sliced[n_x:])), ()
+
+    try:  # a partial of a layer (hashable modules, as Stacked passes) names what it computes; a closure does not
+        key = (fn.func, fn.args, tuple(sorted(fn.keywords.items())), xs.spec, tuple(xs.others), consts.spec,
+               tuple(consts.others)) if isinstance(fn, functools.partial) else None
+        hash(key)
+    except TypeError:
+        key = None
+    if key is None:
+        return xla_loop_body(body), False
+    if key not in _BODIES:
+        _BODIES[key] = xla_loop_body(body)
+        while len(_BODIES) > 64:
+            _BODIES.popitem(last=False)
+    return _BODIES[key], True
+
+
+def _spmd() -> bool:
+    """Whether torch_xla runs SPMD: AOTAutograd's fake tensors take no sharding annotation ("Expected XLA
+    tensor"), so `_kept_on_xla` runs on one device only."""
+    import torch_xla.runtime as xr
+
+    return xr.is_spmd()
+
+
+def _kept_on_xla(fn: Callable, carry: PyTree, xs: _Flat, consts: _Flat, length: int) -> PyTree:
+    """Policy `"none"` on torch_xla: torch_xla's differentiable `scan`, whose AOTAutograd backward keeps
+    what a plain layer's keeps. The tensors of `consts` ride in `xs`, broadcast over the layers (a view):
+    the body closes over no tensor, and their gradients sum over the layers."""
+    from torch_xla.experimental.scan import scan as xla_differentiable_scan
+
+    body, kept = _kept_body(fn, xs, consts)
+    broadcast = [t.expand(length, *t.shape) for t in consts.tensors]
+    return xla_differentiable_scan(body, carry, [*xs.tensors, *broadcast], is_fn_pure=kept)[0]
+
+
 def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs: PyTree,
                consts: PyTree = None, *, policy: Union[str, RematPolicy, bool] = "full",
                name: str = "ember.remat_scan") -> PyTree:
@@ -197,9 +246,12 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
         raise ValueError(f"{name}: the carry has no floating-point tensor ({_describe(carry)}); remat_scan "
                          "differentiates through the carry: pass the activations in it.")
     tensors = [*carry_flat.tensors, *xs_flat.tensors, *consts_flat.tensors]
-    # On torch_xla only a policy that keeps nothing rolls: replaying kept results inside torch_xla
-    # 2.9's scan body fails functionalization ("isFunctionalTensor(base_)", measured on none and
-    # dots_saveable); the others run unrolled there.
+    # On torch_xla, "none" rolls through torch_xla's own differentiable scan and "full" through ember's two
+    # Whiles; replaying kept results inside torch_xla 2.9's scan body fails functionalization
+    # ("isFunctionalTensor(base_)", measured on none and dots_saveable): the other policies run unrolled there.
+    if (chosen.everything and xla_loop_possible(tensors) and not _spmd()
+            and all(_differentiable(t) for t in carry_flat.tensors)):
+        return _kept_on_xla(fn, carry, xs_flat, consts_flat, length=xs_flat.tensors[0].shape[0])
     if not chosen.saves_anything and xla_loop_possible(tensors):
         layers = _XlaLayers(fn, carry_flat, xs_flat, consts_flat, name)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -213,5 +265,5 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
         rolled = rolled_scan(lambda c, x, k: (fn(c, x, k), None), carry, xs, length, False, consts, policy=chosen)
         if rolled is not None:
             return rolled[0]
-    step = remat(fn, policy=policy, shared=True)
+    step = remat(lambda c, x, k: fn(c, x, k), policy=policy, shared=True)  # a lambda: Dynamo cannot wrap a partial
     return scan(lambda c, x: (step(c, x, consts), None), carry, xs, unroll=True)[0]  # each layer's remat

@@ -36,9 +36,10 @@ import torch
 from torch import Tensor
 
 from .compat.xla_loop import xla_fold
+from .local_shards import is_dtensor
 from .pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map, tree_unflatten
 from .scan_rolled import rolled_scan
-from .trace_context import here, xla_loop_body
+from .trace_context import FunctionError, here, xla_loop_body
 from .types import PyTree
 
 __all__ = ["rolled_sum", "rolls_in_the_graph", "scan", "stack_trees", "unstack_trees", "xla_loop_possible"]
@@ -92,14 +93,14 @@ def _signature(tree: PyTree) -> Tuple[Any, List[Tuple[str, Any]]]:
 def _check_carry(init_sig: Tuple[Any, List[Tuple[str, Any]]], carry: PyTree, step: int) -> None:
     spec, sig = _signature(carry)
     if spec != init_sig[0]:
-        raise ValueError(
+        raise FunctionError(
             f"scan: the carry returned at step {step} has a different structure from `init`:\n"
             f"  init:  {init_sig[0]}\n  carry: {spec}\n"
             "`f` must return `(carry, y)` with carry shaped exactly like `init`."
         )
     for (path, want), (_, got) in zip(init_sig[1], sig):
         if want != got:
-            raise ValueError(
+            raise FunctionError(
                 f"scan: carry leaf '{path or '<root>'}' changed at step {step}: `init` has "
                 f"{want}, `f` returned {got}. The carry must keep its shape and dtype; cast or "
                 "reshape inside `f`, or change `init` to match."
@@ -204,21 +205,13 @@ def rolls_in_the_graph(init: PyTree, xs: PyTree, n: int, unroll: Union[int, bool
     if not here().ember_traced:
         return False
     leaves = [t for t in (*tree_flatten(init)[0], *tree_flatten(xs)[0]) if t is not None]
-    return all(isinstance(t, Tensor) and not _is_dtensor(t) and t.device.type != "xla" for t in leaves)
-
-
-def _is_dtensor(t: Tensor) -> bool:
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
+    return all(isinstance(t, Tensor) and not is_dtensor(t) and t.device.type != "xla" for t in leaves)
 
 
 def xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
     """Whether a loop over `tensors` can be an XLA `While` here: all on torch_xla, no DTensor, under
     no `torch.func` transform, and not inside another XLA loop's body."""
-    return (bool(tensors) and all(t.device.type == "xla" and not _is_dtensor(t) for t in tensors)
+    return (bool(tensors) and all(t.device.type == "xla" and not is_dtensor(t) for t in tensors)
             and not (here().transform or here().in_xla_loop))
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Tuple
 from torch import Tensor
 
 from .compat.shared_subgraph import call_shared, function_index
-from .jit_backends.dtensor_local import has_dtensor
+from .local_shards import has_dtensor
 from .pytree import tree_flatten, tree_unflatten
 from .trace_context import here, loop_body
 

@@ -1,6 +1,6 @@
 """Where a call runs: the one module holding the ambient state ember's functions may ask about.
 
-Public names: `Here`, `here`, `ember_trace`, `sharing_subgraphs`, `loop_body`, `xla_loop_body`,
+Public names: `Here`, `here`, `FunctionError`, `ember_trace`, `sharing_subgraphs`, `loop_body`, `xla_loop_body`,
 `using_sharding`, `implicitly_replicated`, `inside_gradient`, `held_through_backward`.
 
 An ember function computes the same numbers whoever calls it; what it may adapt is how the call
@@ -31,8 +31,13 @@ import torch
 
 from .compat.functorch import any_transform_active
 
-__all__ = ["Here", "ember_trace", "held_through_backward", "here", "implicitly_replicated", "inside_gradient",
+__all__ = ["FunctionError", "Here", "ember_trace", "held_through_backward", "here", "implicitly_replicated", "inside_gradient",
            "loop_body", "sharing_subgraphs", "using_sharding", "xla_loop_body"]
+
+
+class FunctionError(ValueError):
+    """The traced function is wrong whoever traces it (a loop body changed its carry's shape): `jit`
+    raises it as is, never taking it for a broken `core/compat` patch."""
 
 
 class _Thread(threading.local):

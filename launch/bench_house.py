@@ -10,7 +10,7 @@ compile machinery's share (`MACHINERY`); private torch names (`PRIVATE`: `torch.
 `is_dynamo_compiling()` branches; `torch.func.vjp` calls; the files holding thread-local state
 (`threading.local`, `ContextVar`);
 the import circles among `core/`'s modules (module-level imports) and the function-local imports of
-ember modules.
+ember modules; the imports from a lower layer to a higher one (`LAYERS`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,16 @@ MACHINERY = ("jit.py", "jit_backends/", "compat/inductor", "compat/shared_subgra
              "scan.py", "define_once")
 """Paths under `core/` (prefixes) that make up the compile machinery."""
 
+LAYERS = (("types", "pytree", "compat", "define_once", "dataclass_json", "config_checks", "registry", "protocols",
+           "local_shards"),
+          ("trace_context",),
+          ("autograd_grad", "remat", "remat_barrier", "remat_policies", "remat_scan", "scan", "scan_rolled",
+           "shared_call", "transforms", "tree_math", "random"),
+          ("jit", "jit_backends", "xla", "device"))
+"""`core/`'s layers, bottom first (top-level module or folder names): trees, types and torch access; the
+trace context; the transforms; `jit` and its backends; then everything else (step_fns, partition_specs,
+checkpoint, ...). A module imports only from its own layer and those below."""
+
 CALL = {"is_dynamo_compiling() branches": re.compile(r"(?<!`)\bis_dynamo_compiling\(\)"),
         "torch.func.vjp calls": re.compile(r"(?<!`)\btorch\.func\.vjp\(")}
 """Calls counted in code (a name quoted in a docstring, `like_this()`, is not a call)."""
@@ -36,7 +46,7 @@ PRIVATE = re.compile(r"torch\._[A-Za-z]\w*|\._C\.\w+|_foreach_\w+|TorchDispatchM
 FIGURES = ("core code lines", "compile machinery lines", "private torch names in core/compat/",
            "private torch names elsewhere in core/", "is_dynamo_compiling() branches", "torch.func.vjp calls",
            "files with a thread-local", "import circles", "function-local ember imports",
-           "import circles counting function-local imports")
+           "import circles counting function-local imports", "imports against the layers")
 
 
 def _code_lines(text: str) -> int:
@@ -90,6 +100,11 @@ def _import_graph(core: pathlib.Path, inside_functions: bool = False) -> Dict[st
         found.update(parent for m in list(found) for parent in _parents(m) if parent not in _parents(name))
         graph[name] = {m for m in found if m in paths and m != name}
     return graph
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[0]
+    return next((i for i, names in enumerate(LAYERS) if top in names), len(LAYERS))
 
 
 def _circles(graph: Dict[str, Set[str]]) -> int:
@@ -161,7 +176,9 @@ def figures(root: pathlib.Path) -> Dict[str, int]:
         out["files with a thread-local"] += "threading.local" in text or "ContextVar(" in text
         out["function-local ember imports"] += _local_imports(text)
     out["import circles"] = _circles(_import_graph(core))
-    out["import circles counting function-local imports"] = _circles(_import_graph(core, inside_functions=True))
+    everywhere = _import_graph(core, inside_functions=True)
+    out["import circles counting function-local imports"] = _circles(everywhere)
+    out["imports against the layers"] = sum(_layer(d) > _layer(m) for m, deps in everywhere.items() for d in deps)
     return out
 
 

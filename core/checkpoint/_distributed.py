@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..local_shards import is_dtensor
 from ._arrays import from_numpy, to_numpy
 from ._jax_platform import keep_jax_on_cpu
 
@@ -42,12 +43,6 @@ def multiprocess_world() -> int:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return dist.get_world_size()
     return 0
-
-
-def _is_dtensor(x: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(x, DTensor)
 
 
 def _coordinator_address() -> str:
@@ -165,7 +160,7 @@ class Distributed:
 
         shape = tuple(x.shape)
         sharding, local = self._replicated(), x
-        if _is_dtensor(x):
+        if is_dtensor(x):
             from torch.distributed.tensor import Replicate
 
             if any(p.is_partial() for p in x.placements):  # a pending sum: make it whole first

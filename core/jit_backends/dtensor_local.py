@@ -10,59 +10,12 @@ Layouts are part of the graph's signature: a new placement compiles a new graph.
 
 from __future__ import annotations
 
-import dataclasses
-import sys
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
-from torch import Tensor
-
+from ..local_shards import Layout, rewrap, to_local
 from ..pytree import tree_flatten, tree_unflatten
 
-__all__ = ["Layout", "has_dtensor", "local_entry", "rewrap", "to_local"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Where a DTensor lives: enough to rebuild it from its local shard."""
-
-    mesh: Any
-    placements: Tuple[Any, ...]
-    shape: Tuple[int, ...]
-    stride: Tuple[int, ...]
-
-    def wrap(self, local: Tensor) -> Tensor:
-        from torch.distributed.tensor import DTensor
-
-        return DTensor.from_local(local, self.mesh, self.placements, run_check=False,
-                                  shape=self.shape, stride=self.stride)
-
-
-def _dtensor_class() -> Optional[type]:
-    """`DTensor`, or None while nothing has imported it (then no argument can be one)."""
-    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
-
-
-def has_dtensor(leaves: List[Any]) -> bool:
-    dtensor = _dtensor_class()
-    return dtensor is not None and any(isinstance(x, dtensor) for x in leaves)
-
-
-def to_local(leaves: List[Any]) -> Tuple[List[Any], Tuple[Optional[Layout], ...]]:
-    """Each DTensor leaf as its local shard, and per leaf its `Layout` (None for other leaves)."""
-    dtensor = _dtensor_class()
-    local, layouts = [], []
-    for x in leaves:
-        if dtensor is not None and isinstance(x, dtensor):
-            layouts.append(Layout(x.device_mesh, tuple(x.placements), tuple(x.shape), tuple(x.stride())))
-            local.append(x.to_local())
-        else:
-            layouts.append(None)
-            local.append(x)
-    return local, tuple(layouts)
-
-
-def rewrap(leaves: List[Any], layouts: Tuple[Optional[Layout], ...]) -> List[Any]:
-    return [x if layout is None else layout.wrap(x) for x, layout in zip(leaves, layouts)]
+__all__ = ["local_entry"]
 
 
 def local_entry(entry: Callable[..., Tuple[Any, bool]]) -> Callable[..., Tuple[Any, bool]]:

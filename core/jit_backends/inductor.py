@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ..compat.inductor import CountingInductor
+from ..local_shards import has_dtensor, rewrap, to_local
 from ..pytree import tree_flatten, tree_unflatten
 from . import dtensor_local
 from .cuda_graph import cuda_graphed
@@ -75,7 +76,7 @@ class InductorBackend:
 
     def _dispatch(self, args: tuple, kwargs: dict, leaves: list, spec: Any) -> Tuple[Any, bool]:
         with self._around_call():
-            if dtensor_local.has_dtensor(leaves):
+            if has_dtensor(leaves):
                 self._refuse_cuda_graph("a DTensor argument (a sharded step)")
                 out, ok = self._call_on_local_shards(leaves, spec)
             elif FxCompiled.accepts(leaves):
@@ -93,7 +94,7 @@ class InductorBackend:
                              f"passes {what}; drop cuda_graph=True for this step.")
 
     def _call_on_local_shards(self, leaves: list, spec: Any) -> Tuple[Any, bool]:
-        local, layouts = dtensor_local.to_local(leaves)
+        local, layouts = to_local(leaves)
         if not FxCompiled.accepts(local):
             args, kwargs = tree_unflatten(leaves, spec)
             return self._dynamo(*args, **kwargs)
@@ -104,4 +105,4 @@ class InductorBackend:
             return out, ok
         local_out, out_layouts = out
         out_leaves, out_spec = tree_flatten(local_out)
-        return tree_unflatten(dtensor_local.rewrap(out_leaves, out_layouts), out_spec), True
+        return tree_unflatten(rewrap(out_leaves, out_layouts), out_spec), True

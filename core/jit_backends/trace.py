@@ -17,16 +17,11 @@ import torch
 from ..compat.inductor import compiling_in, data_dependent_errors, fake_mode, trace_fx
 from ..trace_context import ember_trace
 
-__all__ = ["DataDependentError", "FunctionError", "trace_and_compile"]
+__all__ = ["DataDependentError", "trace_and_compile"]
 
 
 class DataDependentError(RuntimeError):
     """The traced function read a tensor's value; `str(err)` is the first line of torch's reason."""
-
-
-class FunctionError(ValueError):
-    """The traced function is wrong whatever compiles it (a loop body changed its carry's shape):
-    raised as is, never taken for a broken patch."""
 
 
 def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],

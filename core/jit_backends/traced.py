@@ -40,8 +40,8 @@ from ..compat.inductor_loop_order import foreach_loop_reordering
 from ..compat.inductor_while_loop import while_loop_aliased_carries
 from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
-from ..trace_context import sharing_subgraphs
-from .trace import DataDependentError, FunctionError, trace_and_compile
+from ..trace_context import FunctionError, sharing_subgraphs
+from .trace import DataDependentError, trace_and_compile
 
 __all__ = ["FxCompiled"]
 

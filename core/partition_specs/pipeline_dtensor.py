@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..jit_backends.dtensor_local import has_dtensor
+from ..local_shards import has_dtensor
 from ..pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..types import PyTree
 from .dtensor import redistribute

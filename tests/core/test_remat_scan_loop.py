@@ -211,3 +211,43 @@ def test_remat_scan_on_xla_is_one_while_each_way_with_the_plain_gradients():
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"whiles": 2, "compiles": 1}
+
+
+KEPT_ON_XLA_SCRIPT = """
+import json, torch
+from torch_xla.experimental import scan as xla_scan_module
+from ember.core import jit, random
+from ember.core.device import device_for, to_device
+from ember.core.transforms import value_and_grad
+from ember.models import build_model
+
+model = build_model("llama3", "tiny", n_layers=3, d_model=32, n_heads=2, n_kv_heads=1, ffn_dim=64, vocab_size=64)
+params = model.init(random.key(0))
+tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+loss = lambda p, t: model.apply(p, t).float().pow(2).mean()  # noqa: E731
+want = value_and_grad(loss)(params, tokens)
+step = jit(value_and_grad(loss), backend="xla")
+p, t = to_device((params, tokens), device_for("xla"))
+for _ in range(3):
+    got = to_device(step(p, t), torch.device("cpu"))
+torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6)
+traces = sum(len(by_shape) for by_shape in xla_scan_module._SCAN_COMPUTATION_CACHE.values())
+print(json.dumps({"compiles": step.compile_count, "traces": traces}))
+"""
+
+
+@pytest.mark.xla
+def test_remat_none_on_xla_is_torch_xlas_differentiable_scan_traced_once_across_steps():
+    """Policy "none" (the default) keeps what a plain layer's autograd keeps: torch_xla's own scan, whose
+    AOTAutograd backward does so, traced once for the layer however many steps run (the body is kept)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch_xla", reason="torch_xla is not installed (pip install -e .[xla])")
+    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="1")
+    proc = subprocess.run([sys.executable, "-c", KEPT_ON_XLA_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"compiles": 1, "traces": 1}

@@ -24,7 +24,8 @@ def test_figures_count_code_calls_and_private_names_but_not_docstring_mentions(t
     assert got == {"core code lines": 6, "compile machinery lines": 5, "private torch names in core/compat/": 1,
                    "private torch names elsewhere in core/": 1, "is_dynamo_compiling() branches": 1,
                    "torch.func.vjp calls": 1, "files with a thread-local": 0, "import circles": 0,
-                   "function-local ember imports": 0, "import circles counting function-local imports": 0}
+                   "function-local ember imports": 0, "import circles counting function-local imports": 0,
+                   "imports against the layers": 0}
 
 
 def test_an_import_circle_counts_once_and_a_function_local_import_that_breaks_one_is_found(tmp_path):
@@ -36,11 +37,14 @@ def test_an_import_circle_counts_once_and_a_function_local_import_that_breaks_on
     (core / "top.py").write_text("from .pkg import f\nfrom . import state\n")
     (core / "a.py").write_text("from . import b\n")
     (core / "b.py").write_text("from .a import x\n")
+    (core / "pytree.py").write_text("def f():\n    from .jit import jit\n")
+    (core / "jit.py").write_text("from . import pytree\n")
     got = bench_house.figures(tmp_path)
     assert got["import circles"] == 1  # a <-> b; pkg.inner's import of state is no circle
-    assert got["function-local ember imports"] == 1
-    assert got["import circles counting function-local imports"] == 2  # and top -> pkg -> inner -> top
+    assert got["function-local ember imports"] == 2
+    assert got["import circles counting function-local imports"] == 3  # and top -> pkg -> inner -> top, pytree <-> jit
     assert got["files with a thread-local"] == 1
+    assert got["imports against the layers"] == 1  # pytree (the bottom layer) imports jit
 
 
 def test_the_script_prints_one_column_per_checkout_and_names_a_wrong_root(tmp_path):
