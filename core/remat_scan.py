@@ -48,6 +48,12 @@ class _Flat:
         self.others = [None if isinstance(v, Tensor) else v for v in leaves]
         self.tensors: List[Tensor] = [leaves[i] for i in self.positions]
 
+    def structure(self) -> "_Flat":
+        """This split without its tensors (what `rebuild` needs, holding no tensor alive)."""
+        empty = _Flat(None)
+        empty.spec, empty.positions, empty.others = self.spec, self.positions, self.others
+        return empty
+
     def rebuild(self, tensors: Sequence[Tensor]) -> PyTree:
         leaves = list(self.others)
         for i, t in zip(self.positions, tensors):
@@ -171,7 +177,7 @@ trace of a pure body by its identity, and the step's Python runs again every ste
 
 def _kept_body(fn: Callable, xs: _Flat, consts: _Flat) -> Tuple[Callable, bool]:
     """The scan body of `fn` over `xs` then `consts`'s tensors, and whether it is the one kept for them."""
-    n_x = len(xs.tensors)
+    n_x, xs, consts = len(xs.tensors), xs.structure(), consts.structure()
 
     def body(h: PyTree, sliced: List[Tensor]) -> Tuple[PyTree, Tuple[()]]:
         return fn(h, xs.rebuild(sliced[:n_x]), consts.rebuild(sliced[n_x:])), ()
