@@ -42,7 +42,7 @@ _BATCHED_DOTS = ("bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu"
                  "_scaled_dot_product_cudnn_attention", "convolution")
 _WEIGHT_DOTS = ("mm", "addmm")
 # Reshapes whose schema does not say they alias: Inductor returns a view of their input, so keeping
-# one keeps its input twice (and a rolled loop, which may not return one buffer twice, copies it).
+# one keeps its input twice (and a `scan` node, whose body may not return one buffer twice, copies it).
 _FREE = ("_unsafe_view", "view_copy", "_reshape_copy")
 
 

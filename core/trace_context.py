@@ -1,7 +1,7 @@
 """Where a call runs: the one module holding the ambient state ember's functions may ask about.
 
-Public names: `Here`, `here`, `FunctionError`, `ember_trace`, `sharing_subgraphs`, `loop_body`, `xla_loop_body`,
-`using_sharding`, `implicitly_replicated`, `inside_gradient`, `held_through_backward`.
+Public names: `Here`, `here`, `FunctionError`, `ember_trace`, `sharing_subgraphs`, `loop_body`,
+`xla_loop_body`, `using_sharding`, `implicitly_replicated`, `inside_gradient`, `held_through_backward`.
 
 An ember function computes the same numbers whoever calls it; what it may adapt is how the call
 runs, and it asks that here, in one query, `here()`:
@@ -31,8 +31,8 @@ import torch
 
 from .compat.functorch import any_transform_active
 
-__all__ = ["FunctionError", "Here", "ember_trace", "held_through_backward", "here", "implicitly_replicated", "inside_gradient",
-           "loop_body", "sharing_subgraphs", "using_sharding", "xla_loop_body"]
+__all__ = ["FunctionError", "Here", "ember_trace", "held_through_backward", "here", "implicitly_replicated",
+           "inside_gradient", "loop_body", "sharing_subgraphs", "using_sharding", "xla_loop_body"]
 
 
 class FunctionError(ValueError):

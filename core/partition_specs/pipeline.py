@@ -25,8 +25,8 @@ runs its rows of the batch, its stages' layers gathered over `fsdp` (and experts
 not once per microbatch, their gradients reduce-scattered back, and totals merged over the batch axes too.
 Over the axes that split within the rows (`tp`, `cp`) the stages run their layers one after another on
 DTensors of a slice of the mesh, under the layout restricted to it (`pipeline_dtensor.in_stage`). The
-iterations stay in the step's graph there (the shift is a collective, and a rolled body runs apart from the
-graph). Under torch_xla SPMD the same code is one program over every stage: the stage buffer is pinned to
+iterations stay unrolled in the step's graph there (the shift is a collective, which ember's `scan` node does
+not carry yet). Under torch_xla SPMD the same code is one program over every stage: the stage buffer is pinned to
 `pp` (the rule of `"layers"`), XLA lowers the shift to a collective-permute, and the layers inside a stage
 constrain nothing.
 
