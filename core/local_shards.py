@@ -1,11 +1,13 @@
 """DTensor leaves as their local shards and back: what a function that runs on plain tensors does with them.
 
-Public names: `Layout`, `is_dtensor`, `has_dtensor`, `to_local`, `rewrap`.
+Public names: `Layout`, `is_dtensor`, `has_dtensor`, `to_local`, `rewrap`, `local_tensor`, `like`.
 
 `to_local(leaves)` hands back each DTensor leaf's local shard and its `Layout` (mesh, placements,
 global shape and stride); `rewrap` builds the DTensors again (`DTensor.from_local`, no check). `jit`
-traces a DTensor step on the shards this way (`jit_backends/dtensor_local.py`), and remat's barrier
-runs its op on them. Nothing here imports torch.distributed: while nothing has, no leaf is a DTensor.
+traces a DTensor step on the shards this way (`jit_backends/dtensor_local.py`), a rolled `scan` runs
+its loop on them (`Layout.sliced` and `Layout.stacked` give a slice's and a stack's layout), and
+remat's barrier runs its op on them. Nothing here imports torch.distributed: while nothing has, no
+leaf is a DTensor.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import dataclasses
 import sys
 from typing import Any, List, Optional, Tuple
 
+import torch
 from torch import Tensor
 
-__all__ = ["Layout", "has_dtensor", "is_dtensor", "rewrap", "to_local"]
+__all__ = ["Layout", "has_dtensor", "is_dtensor", "like", "local_tensor", "rewrap", "to_local"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +36,37 @@ class Layout:
 
         return DTensor.from_local(local, self.mesh, self.placements, run_check=False,
                                   shape=self.shape, stride=self.stride)
+
+    def sliced(self) -> Optional["Layout"]:
+        """The layout of `t[i]` for a DTensor `t` of this layout, or None where dim 0 is split (no local slice)."""
+        from torch.distributed.tensor import Partial, Replicate, Shard
+
+        placements = []
+        for p in self.placements:
+            if type(p) is Shard and p.dim > 0:
+                placements.append(Shard(p.dim - 1))
+            elif isinstance(p, (Replicate, Partial)):
+                placements.append(p)
+            else:  # Shard(0), or a strided shard whose slices are not the local slices
+                return None
+        return Layout(self.mesh, tuple(placements), self.shape[1:], self.stride[1:])
+
+    def stacked(self, n: int) -> Optional["Layout"]:
+        """The layout of `n` tensors of this layout stacked along a new dim 0 (contiguous), or None where a
+        placement is not one `sliced` undoes."""
+        from torch.distributed.tensor import Shard
+
+        placements = tuple(Shard(p.dim + 1) if type(p) is Shard else p for p in self.placements)
+        stacked = Layout(self.mesh, placements, (n, *self.shape), _contiguous_strides((n, *self.shape)))
+        return stacked if stacked.sliced() is not None else None
+
+
+def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    strides, size = [], 1
+    for n in reversed(shape):
+        strides.append(size)
+        size *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _dtensor_class() -> Optional[type]:
@@ -62,6 +96,26 @@ def to_local(leaves: List[Any]) -> Tuple[List[Any], Tuple[Optional[Layout], ...]
             layouts.append(None)
             local.append(x)
     return local, tuple(layouts)
+
+
+def local_tensor(x: Tensor) -> Tensor:
+    """The tensor a DTensor holds, itself (no view, no autograd node): what ops on it read."""
+    with torch.no_grad():
+        return x.to_local()
+
+
+def like(x: Tensor, dtensor: Tensor) -> Tensor:
+    """A plain tensor, the same on every process, as a DTensor on `dtensor`'s mesh and placements."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh, placements = dtensor.device_mesh, tuple(dtensor.placements)
+    whole = DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    local = whole.redistribute(mesh, [Replicate() if p.is_partial() else p for p in placements]).to_local()
+    # a sum over processes: the value on the first process of each summed mesh dim, zeros elsewhere
+    coordinate = mesh.get_coordinate()
+    if any(p.is_partial() and p.reduce_op == "sum" and coordinate[d] != 0 for d, p in enumerate(placements)):
+        local = torch.zeros_like(local)
+    return DTensor.from_local(local, mesh, placements, run_check=False, shape=dtensor.shape, stride=dtensor.stride())
 
 
 def rewrap(leaves: List[Any], layouts: Tuple[Optional[Layout], ...]) -> List[Any]:

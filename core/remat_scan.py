@@ -9,11 +9,11 @@ recomputes one layer at a time, handing the kept results back instead of recompu
 recomputes nothing (`everything_saveable`). Where it runs:
 
 - in ember's Inductor step, the forward loop and the backward loop are each one `scan` node of the
-  step's graph (`scan_rolled.py`, the kept results stacked as the forward's ys);
+  step's graph (`scan_rolled.py`, the kept results stacked as the forward's ys), DTensors included;
 - on torch_xla with a policy that keeps nothing (`"full"`), each is one XLA `While` (below); with
   `"none"` (the default), outside SPMD, it is torch_xla's differentiable `scan` (`_kept_on_xla`), whose
   AOTAutograd backward keeps what a plain layer's keeps; the other cases run unrolled there;
-- elsewhere (eagerly, under Dynamo or `vmap`, with DTensor inputs) it is `scan` of
+- elsewhere (eagerly, under Dynamo or `vmap`) it is `scan` of
   `remat(fn, shared=True)`: the same numbers, the layers unrolled.
 """
 

@@ -13,9 +13,10 @@ Inside `jit(backend="inductor")`'s trace `scan` rolls: one node of torch's `scan
 step, and its gradient is one more walking back, recomputing each step from the carry it started from
 (`scan_rolled.py`), so compile time does not grow with the length. As in JAX, the body is traced once
 (its Python runs at trace time) and what it closes over enters the loop, gradients included. It rolls on
-plain tensors outside `torch.func` transforms when `unroll` is below the length; elsewhere (eagerly, under Dynamo, `vmap`, DTensor,
-torch_xla) it is a Python loop, the same numbers. For a stack of rematerialised layers, `remat_scan`
-keeps the kept activations per layer.
+plain tensors and on DTensors (the loop runs on their local shards, the body's collectives inside it) outside
+`torch.func` transforms when `unroll` is below the length; elsewhere (eagerly, under Dynamo, `vmap`, torch_xla, a
+DTensor stack split along its first dim) it is a Python loop, the same numbers. For a stack of rematerialised
+layers, `remat_scan` keeps the kept activations per layer.
 
 Example:
     >>> import torch
@@ -199,13 +200,13 @@ def scan(
 
 
 def rolls_in_the_graph(init: PyTree, xs: PyTree, n: int, unroll: Union[int, bool] = False) -> bool:
-    """Whether this call runs inside ember's Inductor trace, on plain tensors, rolled (module docstring)."""
+    """Whether this call runs inside ember's Inductor trace, on plain tensors or DTensors, rolled (module docstring)."""
     if unroll is True or unroll >= n or n < 2:
         return False
     if not here().ember_traced:
         return False
     leaves = [t for t in (*tree_flatten(init)[0], *tree_flatten(xs)[0]) if t is not None]
-    return all(isinstance(t, Tensor) and not is_dtensor(t) and t.device.type != "xla" for t in leaves)
+    return all(isinstance(t, Tensor) and t.device.type != "xla" for t in leaves)
 
 
 def xla_loop_possible(tensors: Sequence[Tensor]) -> bool:

@@ -15,6 +15,13 @@ the loop's inputs in their place. A closed-over tensor that needs a gradient (pa
 through `xs`) gets it as `rolled_scan`'s `consts` do: summed over the steps in the backward's carry. A
 body whose gradient reaches such a tensor by a path its stand-in does not cover (found by one more dry
 run) is not rolled: `scan` then runs its Python loop, with the same numbers.
+
+DTensors (a stack of layers under `fsdp` or `tp`) enter the loop as their local shards (`local_shards`), and each
+step rewraps them, so the body's DTensor ops trace into local ops and functional collectives inside the loop; a
+slice of a stack is a local slice (`Layout.sliced`: not where the stack's first dim is split), the new carry is
+redistributed to the old one's placements, and the stacked ys keep one step's. The dry runs record nothing into
+the step's graph (a DTensor layer's collectives would stay there), and `compat.scan.drop_unread_inputs` takes out
+of each loop what its body never reads (a stack's per-layer keys where no layer draws).
 """
 
 from __future__ import annotations
@@ -25,16 +32,19 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from torch.overrides import TorchFunctionMode
 
 from .autograd_grad import pull_back, run_differentiated
+from .compat import gated_on
 from .compat.dispatch_mode import TorchDispatchMode
 from .compat.functorch import transform_wrapped
-from .compat.scan import torch_scan
+from .compat.scan import in_the_graph, torch_scan
+from .local_shards import Layout, is_dtensor, like, local_tensor, rewrap, to_local
 from .pytree import tree_flatten, tree_map, tree_unflatten
 from .remat import _differentiable
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, unflatten_saved
-from .trace_context import loop_body
+from .trace_context import here, loop_body, using_sharding
 from .types import PyTree
 
 __all__ = ["closes_over_gradients", "rolled_scan"]
@@ -83,9 +93,14 @@ class _Made(TorchFunctionMode):
         """The tensors read that are neither `inputs` nor made here (nor wrapped by a transform the
         function ran, as `vmap` wraps its inputs), each once."""
         known, found = {id(t) for t in (*inputs, *self.made)}, {}
+        known |= {id(local_tensor(t)) for t in inputs if is_dtensor(t)}
         for t in self.read:
-            if id(t) not in known and not transform_wrapped(t):
-                found.setdefault(id(t), t)
+            if id(t) in known or transform_wrapped(t):
+                continue
+            local = local_tensor(t) if is_dtensor(t) else t
+            if id(local) in known or not in_the_graph(local):  # made here: by a DTensor method, in a dry run
+                continue
+            found.setdefault(id(t), t)
         return list(found.values())
 
 
@@ -139,6 +154,27 @@ class _Tree:
         return tree_unflatten([next(given) if isinstance(v, Tensor) else v for v in self.leaves], self.spec)
 
 
+class _Shards:
+    """Where the loop's inputs are DTensors: it runs on their local shards, and each step rewraps them with
+    these layouts (None: a plain tensor); `x` are one slice's layouts, `y` one step's ys' (the dry run's)."""
+
+    def __init__(self, carry: Sequence[Optional[Layout]], x: Sequence[Optional[Layout]],
+                 k: Sequence[Optional[Layout]], y: Sequence[Optional[Layout]], out: Sequence[Optional[Layout]]) -> None:
+        self.carry, self.x, self.k, self.y, self.out = tuple(carry), tuple(x), tuple(k), tuple(y), tuple(out)
+
+
+def _as_local(tensors: Sequence[Tensor], layouts: Sequence[Optional[Layout]]) -> List[Tensor]:
+    """Each DTensor of `tensors` placed as its layout says (a collective where it is not) and as its shard."""
+    out = []
+    for t, layout in zip(tensors, layouts):
+        if layout is not None:
+            if tuple(t.placements) != layout.placements:
+                t = t.redistribute(layout.mesh, layout.placements)
+            t = t.to_local()
+        out.append(t)
+    return out
+
+
 class _Plan:
     """`f` over flat tensor lists, with the structure and slices a dry run of its first step found."""
 
@@ -148,17 +184,25 @@ class _Plan:
         self.n_carry, self.n_xs, self.n_consts = len(carry.tensors), len(xs.tensors), len(consts.tensors)
         self.length, self.reverse, self.y_meta = length, reverse, y_meta
         self.replays = policy is not None and policy.saves_anything  # the backward replays what the forward kept
-        self.policy, self.kept_layout = policy, None
+        self.policy, self.kept_layout, self.kept_shards = policy, None, ()
+        self.shards: Optional[_Shards] = None  # set where the loop's inputs are DTensors
+        self.sharding = here().sharding  # the backward traces its body later, maybe outside the caller's sharding
         self.kept_orders: List[Tuple[int, ...]] = []  # each kept result's dims, outermost in memory first
 
     def step(self, carry: Sequence[Tensor], x: Sequence[Tensor], k: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
         """One step on flat lists: the new carry's leaves and the y leaves that are tensors. `k` holds the
         consts' tensors, then the loop's stand-ins for the tensors `f` closes over."""
+        shards = self.shards
+        if shards is not None:  # the loop's local shards, as the DTensors `f` computes on
+            carry, x, k = rewrap(carry, shards.carry), rewrap(x, shards.x), rewrap(k, shards.k)
         stand_ins = dict(zip(map(id, self.closures), k[self.n_consts:]))
-        with loop_body(), _Lifted(stand_ins) if stand_ins else contextlib.nullcontext():
+        with loop_body(), using_sharding(self.sharding), _Lifted(stand_ins) if stand_ins else contextlib.nullcontext():
             new, y = self.f(self.carry.rebuild(carry), self.xs.rebuild(x), self.consts.rebuild(k[:self.n_consts]))
-        return [v for v in tree_flatten(new)[0] if isinstance(v, Tensor)], [
-            v for v in tree_flatten(y)[0] if isinstance(v, Tensor)]
+        new = [v for v in tree_flatten(new)[0] if isinstance(v, Tensor)]
+        y = [v for v in tree_flatten(y)[0] if isinstance(v, Tensor)]
+        if shards is not None:
+            new, y = _as_local(new, shards.carry), _as_local(y, shards.y)
+        return new, y
 
     def recorded_step(self, carry: Sequence[Tensor], x: Sequence[Tensor],
                       k: Sequence[Tensor]) -> Tuple[List[Tensor], List[Tensor], List[Tensor]]:
@@ -172,6 +216,7 @@ class _Plan:
             with Record(self.policy, only_what_autograd_saves=True) as record:
                 new, y = self.step(c, xi, ki)
             keys, structures, kept = flatten_saved(record.saved)
+            kept, self.kept_shards = to_local(kept)  # what a DTensor op returned: its shard, then itself again
             self.kept_layout = (keys, structures)
             self.kept_orders = [_memory_order(t) for t in kept]
             return new, y, [t.permute(order) for t, order in zip(kept, self.kept_orders)]
@@ -215,6 +260,11 @@ class _Rolled(torch.autograd.Function):
         n_c, n_x = plan.n_carry, plan.n_xs
         saved, kept = saved[:len(saved) - ctx.n_kept], list(saved[len(saved) - ctx.n_kept:])
         xs, consts, starts = list(saved[:n_x]), list(saved[n_x:len(saved) - n_c]), list(saved[len(saved) - n_c:])
+        # a cotangent may come as a DTensor: of an output that became one, or of a plain one (a 0-d total) that
+        # DTensor ops read as replicated, whose cotangent is then the whole tensor
+        grads = [g if g is None or not is_dtensor(g) else g.full_tensor() if layout is None
+                 else _as_local([g], [layout])[0]
+                 for g, layout in zip(grads, plan.shards.out if plan.shards else [None] * len(grads))]
         g_carry, g_ys = grads[:n_c], grads[n_c:]
         diff_c = [k for k, c in enumerate(starts) if _differentiable(c)]
         diff_x = [k for k, x in enumerate(xs) if _differentiable(x) and ctx.needs_input_grad[1 + n_c + k]]
@@ -238,7 +288,8 @@ class _Rolled(torch.autograd.Function):
             gy, kept_here = sliced[n_c + n_x:n_c + n_x + n_gy], sliced[n_c + n_x + n_gy:]
 
             def one(*diff: Tensor) -> List[Tensor]:
-                as_kept = [t.permute(_inverse(order)) for t, order in zip(kept_here, plan.kept_orders)]
+                as_kept = rewrap([t.permute(_inverse(order)) for t, order in zip(kept_here, plan.kept_orders)],
+                                 plan.kept_shards)
                 replay = (Replay(unflatten_saved(*plan.kept_layout, as_kept)) if kept_here
                           else contextlib.nullcontext())
                 with replay:
@@ -260,12 +311,20 @@ class _Rolled(torch.autograd.Function):
                 *(by_k.get(k) for k in range(len(consts))))
 
 
+@contextlib.contextmanager
+def _dry_run() -> Any:
+    """Gradients on, and nothing recorded into the step's graph: a dry run's collectives (a DTensor layer's
+    all-gathers) would stay in it as side effects, an extra layer run every step."""
+    with torch.enable_grad(), disable_proxy_modes_tracing():
+        yield
+
+
 def _lifts_every_read(run: Callable[[], Tuple[PyTree, PyTree]], inputs: Sequence[Tensor],
                       closures: Sequence[Tensor]) -> bool:
     """Whether a gradient reaches the closures only through their stand-ins: one more dry run of the step
     with fresh leaves standing in for them (a read `_Lifted` does not see would bake one into the body)."""
     stand_ins = [_fresh(t) for t in closures]
-    with torch.enable_grad(), _Made().recording() as made, _Lifted(dict(zip(map(id, closures), stand_ins))):
+    with _dry_run(), _Made().recording() as made, _Lifted(dict(zip(map(id, closures), stand_ins))):
         out = run()
     outputs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor) and t.requires_grad]
     return not closes_over_gradients(outputs, [*inputs, *stand_ins], made.made)
@@ -287,29 +346,57 @@ def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], in
     first_c, first_k = [_fresh(t) for t in carry], [_fresh(t) for t in k_leaves]
     first_x = [_fresh(t[length - 1 if reverse else 0]) for t in x_leaves]
     # a dry run of one step: the y structure, what it closes over
-    with torch.enable_grad(), _Made().recording() as made:
+    with _dry_run(), _Made().recording() as made:
         new, y = f(carry_tree.rebuild(first_c), xs_tree.rebuild(first_x), consts_tree.rebuild(first_k))
     new_leaves, new_spec = tree_flatten(new)
     y_leaves, y_spec = tree_flatten(y)
     if new_spec != carry_tree.spec or any(
-            (a is None) != (b is None) or isinstance(a, Tensor) and (a.shape != b.shape or a.dtype != b.dtype)
+            (a is None) != (b is None) or isinstance(a, Tensor) and (
+                a.shape != b.shape or a.dtype != b.dtype or is_dtensor(b) and not is_dtensor(a))
             for a, b in zip(new_leaves, carry_tree.leaves)):
         return None  # the Python loop names the mismatch
+    # a plain carry the step makes a DTensor (a mixture's router statistics summed over the batch's shards)
+    # enters as the DTensor it becomes: the same on every process, placed as the step places it
+    new_tensors = [v for v in new_leaves if isinstance(v, Tensor)]
+    carry = [like(t, v) if is_dtensor(v) and not is_dtensor(t) else t for t, v in zip(carry, new_tensors)]
     if any(v is not None and not isinstance(v, Tensor) for v in (*new_leaves, *y_leaves)):
         return None
-    y_meta = [(v.shape, v.dtype) for v in y_leaves if isinstance(v, Tensor)]
+    y_tensors = [v for v in y_leaves if isinstance(v, Tensor)]
     closures = made.closures([*first_c, *first_x, *first_k])
     if torch.is_grad_enabled() and any(t.requires_grad for t in closures) and not _lifts_every_read(
             lambda: f(carry_tree.rebuild(first_c), xs_tree.rebuild(first_x), consts_tree.rebuild(first_k)),
             [*first_c, *first_x, *first_k], closures):
         return None
-    plan = _Plan(f, carry_tree, xs_tree, consts_tree, closures, length, reverse, y_meta, policy)
     # torch's op may run the body on its own inputs (its fake-tensor rule): a closure that is also one of
     # them enters that place as a copy, or the stand-in would take that place too
     lifted = {id(t) for t in closures}
     carry, x_leaves, k_leaves = ([t.clone() if id(t) in lifted else t for t in ts]
                                  for ts in (carry, x_leaves, k_leaves))
-    out = _Rolled.apply(plan, *carry, *x_leaves, *k_leaves, *closures)
+    flat, layouts = to_local([*carry, *x_leaves, *k_leaves, *closures])
+    y_local, y_layouts = to_local(y_tensors)
+    shards = None
+    if any(layouts) or any(y_layouts):
+        shards = _sharded(layouts, y_layouts, len(carry), len(x_leaves), length)
+        if shards is None or gated_on("dtensor_scan"):  # torch before 2.15: `compat.WORKAROUNDS`
+            return None
+    y_meta = [(v.shape, v.dtype) for v in y_local]
+    plan = _Plan(f, carry_tree, xs_tree, consts_tree, closures, length, reverse, y_meta, policy)
+    plan.shards = shards
+    out = _Rolled.apply(plan, *flat)
+    if shards is not None:  # the loop's shards as the DTensors they are
+        out = rewrap(list(out), shards.out)
     final, stacked = list(out[:len(carry)]), iter(out[len(carry):])
     ys = [next(stacked) if isinstance(v, Tensor) else v for v in y_leaves]
     return carry_tree.rebuild(final), (None if y is None else tree_unflatten(ys, y_spec))
+
+
+def _sharded(layouts: Sequence[Optional[Layout]], y_layouts: Sequence[Optional[Layout]], n_carry: int, n_x: int,
+             length: int) -> Optional[_Shards]:
+    """The layouts a step rewraps its shards with and those of the loop's outputs (the final carry, the
+    stacked ys: `out`); None where a slice along dim 0 is not a local slice (`xs` split along it)."""
+    x = [None if layout is None else layout.sliced() for layout in layouts[n_carry:n_carry + n_x]]
+    stacked = [None if layout is None else layout.stacked(length) for layout in y_layouts]
+    if any(a is not None and b is None for a, b in zip((*layouts[n_carry:n_carry + n_x], *y_layouts), (*x, *stacked))):
+        return None
+    carry = layouts[:n_carry]
+    return _Shards(carry, x, layouts[n_carry + n_x:], y_layouts, [*carry, *stacked])

@@ -155,6 +155,12 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     # realize the copy (pytorch/pytorch#164955).
     Workaround("while_loop_aliased_carries", "patch", "https://github.com/pytorch/pytorch/pull/164955",
                ("2.9", "2.9"), ("2.9", "2.10", "2.13", "2.15"), "tests/core/test_compat_inductor_while_loop.py"),
+    # AOTAutograd's functionalization before 2.15 fails on a `scan` body holding a literal tensor constant
+    # ("Attempting to use FunctionalTensor on its own" at its `lift_fresh_copy`; the body of a DTensor step's
+    # chunked loss, measured on 2.9 and 2.13; 2.15 compiles it; nearest upstream fix: #185805): a loop over
+    # DTensors runs as the Python loop there, as it did before it rolled (`core/scan_rolled.py`).
+    Workaround("dtensor_scan", "access", "https://github.com/pytorch/pytorch/pull/185805",
+               ("2.9", "2.13"), ("2.9", "2.13", "2.15"), "tests/partition_specs/test_scan_dtensor.py"),
     Workaround("jax_backend_state", "access", "https://github.com/jax-ml/jax/issues/18237",
                _TESTED_RANGE, _MEASURED, "tests/core/test_checkpoint_mesh.py"),
 )}

@@ -11,8 +11,10 @@ or an active dispatch mode and, on one code object for every loop of the process
 sizes symbols (pytorch/pytorch#166525).
 
 A body traced by `make_fx` keeps a tensor it closes over as a constant: every tensor of the trace it
-reads must come in through `init`, `xs` or `consts` (the op's `additional_inputs`). The op's inputs may
-not alias: a tensor that shares its storage with an earlier one is copied.
+reads must come in through `init`, `xs` or `consts` (the op's `additional_inputs`); `in_the_graph` tells a
+tensor of the trace from one made while nothing was recorded (a dry run). The op's inputs may not alias: a
+tensor that shares its storage with an earlier one is copied. After the trace, `drop_unread_inputs` takes
+out of each loop the inputs its body never reads (the node's arguments are the op's private layout).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-__all__ = ["torch_scan"]
+__all__ = ["drop_unread_inputs", "in_the_graph", "torch_scan"]
 
 Step = Callable[[List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]],
                 Tuple[List[torch.Tensor], List[torch.Tensor]]]
@@ -83,3 +85,43 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
 
 def _split(tensors: List[torch.Tensor], n_c: int, n_x: int) -> Tuple[List[torch.Tensor], ...]:
     return tensors[:n_c], tensors[n_c:n_c + n_x], tensors[n_c + n_x:]
+
+
+def drop_unread_inputs(gm: torch.fx.GraphModule) -> None:
+    """Take out of each `scan` node of `gm` the sliced and constant inputs its body does not read, as JAX's scan
+    drops dead inputs: a stack of layers that draws nothing still gets its per-layer keys, and the loop would
+    keep them, and the graph that makes them, alive. A loop keeps one sliced input (its length)."""
+    from torch._higher_order_ops.scan import scan_op
+
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not scan_op:
+            continue
+        body_attr, init, xs, consts = node.args[:4]
+        body = getattr(gm, body_attr.target)
+        drop_unread_inputs(body)  # loops inside the body first
+        body.graph.eliminate_dead_code()
+        places = [n for n in body.graph.nodes if n.op == "placeholder"]
+        n_c, n_x = len(init), len(xs)
+        keep_x = [i for i in range(n_x) if places[n_c + i].users] or [0]
+        keep_k = [j for j in range(len(consts)) if places[n_c + n_x + j].users]
+        if len(keep_x) == n_x and len(keep_k) == len(consts):
+            continue
+        kept = {*range(n_c), *(n_c + i for i in keep_x), *(n_c + n_x + j for j in keep_k)}
+        for k, place in enumerate(places):
+            if k not in kept:
+                body.graph.erase_node(place)
+        body.recompile()
+        node.args = (body_attr, list(init), [xs[i] for i in keep_x], tuple(consts[j] for j in keep_k), *node.args[4:])
+        changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+
+
+def in_the_graph(t: torch.Tensor) -> bool:
+    """Whether `t` is a value of the graph `make_fx` records now (not one made while it recorded nothing)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
+
+    mode = get_proxy_mode()
+    return mode is not None and has_proxy_slot(t, mode.tracer)

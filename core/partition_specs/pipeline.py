@@ -25,8 +25,7 @@ runs its rows of the batch, its stages' layers gathered over `fsdp` (and experts
 not once per microbatch, their gradients reduce-scattered back, and totals merged over the batch axes too.
 Over the axes that split within the rows (`tp`, `cp`) the stages run their layers one after another on
 DTensors of a slice of the mesh, under the layout restricted to it (`pipeline_dtensor.in_stage`). The
-iterations stay unrolled in the step's graph there (the shift is a collective, which ember's `scan` node does
-not carry yet). Under torch_xla SPMD the same code is one program over every stage: the stage buffer is pinned to
+iterations roll there too: the shift, a collective, is inside the loop's body. Under torch_xla SPMD the same code is one program over every stage: the stage buffer is pinned to
 `pp` (the rule of `"layers"`), XLA lowers the shift to a collective-permute, and the layers inside a stage
 constrain nothing.
 
@@ -53,7 +52,6 @@ from torch import Tensor
 
 from ..pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..remat_scan import remat_scan
-from ..scan import scan
 from ..types import PyTree
 from .pipeline_dtensor import local_inputs
 from .pipeline_stages import LAYERS, PP, PipelineError, Stages, hand_out
@@ -267,10 +265,7 @@ def _schedule(layer_fn: Callable, staged: PyTree, x: Tensor, place: Stages, stag
     carry = (buffers, tuple(torch.zeros_like(m) for m in sources))
     timetable = _timetable(S, M, R, place, x.device)
     consts = (sources, extras, staged, first_process)
-    if place.group is None:
-        _, returned = remat_scan(iteration, carry, timetable, consts, policy="none", name="ember.pipeline")
-    else:  # the shift is a collective: the iterations stay in the step's graph, unrolled
-        _, returned = scan(lambda c, now: (iteration(c, now, consts), None), carry, timetable, unroll=True)[0]
+    _, returned = remat_scan(iteration, carry, timetable, consts, policy="none", name="ember.pipeline")
     returned = tuple(hand_out(r, place) for r in returned)
     return returned[0].reshape(x.shape), (returned[1] if sums is not None else None)
 

@@ -219,3 +219,28 @@ def test_consts_that_need_gradients_roll_as_explicit_inputs_with_summed_gradient
     assert _loops_in(traced) == 2
     got = jit(value_and_grad(lambda *a: loss(*a, rolled=True), argnums=(0, 1, 2)))(xs, h0, scale)
     torch.testing.assert_close(got, want, **TOL)
+
+
+def test_a_loop_drops_the_inputs_its_body_never_reads_and_the_graph_that_made_them():
+    """Per-layer keys a stack that draws nothing never reads, as JAX's scan drops dead inputs: neither loop takes
+    them, and the step's graph no longer computes them."""
+    from ember.core import random
+
+    xs, h0 = _stack(6), torch.randn(4, 8)
+
+    def loss(xs, h0, key):
+        keyed = {**xs, "key": random.split(key, 6)}
+        h, _ = scan(lambda h, x: (_layer(h, x), None), h0, keyed)
+        return h.pow(2).sum()
+
+    step = value_and_grad(loss, argnums=(0, 1))
+    gm = trace_and_compile(lambda w, b, h, k: step({"w": w, "b": b}, h, k), (xs["w"], xs["b"], h0, random.key(0)))
+    loops = [node for node in gm.graph.nodes if node.op == "call_function" and str(node.target) == "scan"]
+    assert len(loops) == 2
+    forward, backward = loops
+    assert len(forward.args[2]) == 2  # w and b sliced; the keys gone
+    # the backward walks an int64 index back over its stacked inputs (saved carries, w, b): no key among them
+    ints = lambda args: sum(a.meta["val"].dtype == torch.int64 for a in args)  # noqa: E731
+    assert ints(forward.args[3]) == ints(backward.args[3]) == 0 and ints(backward.args[2]) == 1
+    assert not any(str(node.target).startswith("aten.bitwise_xor") for node in gm.graph.nodes)
+    torch.testing.assert_close(jit(step)(xs, h0, random.key(0)), step(xs, h0, random.key(0)), **TOL)
