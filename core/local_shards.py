@@ -1,6 +1,6 @@
 """DTensor leaves as their local shards and back: what a function that runs on plain tensors does with them.
 
-Public names: `Layout`, `is_dtensor`, `has_dtensor`, `to_local`, `rewrap`, `local_tensor`, `like`.
+Public names: `Layout`, `is_dtensor`, `has_dtensor`, `to_local`, `rewrap`, `local_as`, `local_tensor`, `like`.
 
 `to_local(leaves)` hands back each DTensor leaf's local shard and its `Layout` (mesh, placements,
 global shape and stride); `rewrap` builds the DTensors again (`DTensor.from_local`, no check). `jit`
@@ -19,7 +19,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["Layout", "has_dtensor", "is_dtensor", "like", "local_tensor", "rewrap", "to_local"]
+__all__ = ["Layout", "has_dtensor", "is_dtensor", "like", "local_as", "local_tensor", "rewrap", "to_local"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +102,18 @@ def local_tensor(x: Tensor) -> Tensor:
     """The tensor a DTensor holds, itself (no view, no autograd node): what ops on it read."""
     with torch.no_grad():
         return x.to_local()
+
+
+def local_as(tensors: List[Tensor], layouts: Tuple[Optional[Layout], ...]) -> List[Tensor]:
+    """Each DTensor of `tensors` placed as its layout says (a collective where it is not), as its shard."""
+    out = []
+    for t, layout in zip(tensors, layouts):
+        if layout is not None:
+            if tuple(t.placements) != layout.placements:
+                t = t.redistribute(layout.mesh, layout.placements)
+            t = t.to_local()
+        out.append(t)
+    return out
 
 
 def like(x: Tensor, dtensor: Tensor) -> Tensor:

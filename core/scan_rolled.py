@@ -40,7 +40,7 @@ from .compat import gated_on
 from .compat.dispatch_mode import TorchDispatchMode
 from .compat.functorch import transform_wrapped
 from .compat.scan import in_the_graph, torch_scan
-from .local_shards import Layout, is_dtensor, like, local_tensor, rewrap, to_local
+from .local_shards import Layout, is_dtensor, like, local_as, local_tensor, rewrap, to_local
 from .pytree import tree_flatten, tree_map, tree_unflatten
 from .remat import _differentiable
 from .remat_policies import Record, RematPolicy, Replay, flatten_saved, unflatten_saved
@@ -163,18 +163,6 @@ class _Shards:
         self.carry, self.x, self.k, self.y, self.out = tuple(carry), tuple(x), tuple(k), tuple(y), tuple(out)
 
 
-def _as_local(tensors: Sequence[Tensor], layouts: Sequence[Optional[Layout]]) -> List[Tensor]:
-    """Each DTensor of `tensors` placed as its layout says (a collective where it is not) and as its shard."""
-    out = []
-    for t, layout in zip(tensors, layouts):
-        if layout is not None:
-            if tuple(t.placements) != layout.placements:
-                t = t.redistribute(layout.mesh, layout.placements)
-            t = t.to_local()
-        out.append(t)
-    return out
-
-
 class _Plan:
     """`f` over flat tensor lists, with the structure and slices a dry run of its first step found."""
 
@@ -201,7 +189,7 @@ class _Plan:
         new = [v for v in tree_flatten(new)[0] if isinstance(v, Tensor)]
         y = [v for v in tree_flatten(y)[0] if isinstance(v, Tensor)]
         if shards is not None:
-            new, y = _as_local(new, shards.carry), _as_local(y, shards.y)
+            new, y = local_as(new, shards.carry), local_as(y, shards.y)
         return new, y
 
     def recorded_step(self, carry: Sequence[Tensor], x: Sequence[Tensor],
@@ -263,7 +251,7 @@ class _Rolled(torch.autograd.Function):
         # a cotangent may come as a DTensor: of an output that became one, or of a plain one (a 0-d total) that
         # DTensor ops read as replicated, whose cotangent is then the whole tensor
         grads = [g if g is None or not is_dtensor(g) else g.full_tensor() if layout is None
-                 else _as_local([g], [layout])[0]
+                 else local_as([g], [layout])[0]
                  for g, layout in zip(grads, plan.shards.out if plan.shards else [None] * len(grads))]
         g_carry, g_ys = grads[:n_c], grads[n_c:]
         diff_c = [k for k, c in enumerate(starts) if _differentiable(c)]
