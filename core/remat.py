@@ -292,8 +292,9 @@ def remat(
 
     @functools.wraps(fn)
     def rematted(*args: Any, **kwargs: Any) -> Any:
-        if here().torch_func:
-            return fn(*args, **kwargs)  # their engine would keep what remat recomputes: run plainly
+        h = here()
+        if h.torch_func or (plain and not h.shares):
+            return fn(*args, **kwargs)  # their engine would keep what remat recomputes / nothing to remat
         n = len(args)
         static_pos = set()
         for i in static:
@@ -320,8 +321,6 @@ def remat(
             return fn(*call_args, **kw)
 
         tensors = [leaves[i] for i in tensor_idx]
-        if plain and not here().shares:
-            return fn(*args, **kwargs)
         key = None
         if share is not None and not static_pos:  # static arguments are objects: they cannot key a body
             key = (repr(spec), tuple(consts))

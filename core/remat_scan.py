@@ -218,7 +218,7 @@ def _kept_on_xla(fn: Callable, carry: PyTree, xs: _Flat, consts: _Flat, length: 
 
 def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs: PyTree,
                consts: PyTree = None, *, policy: Union[str, RematPolicy, bool] = "full",
-               name: str = "ember.remat_scan") -> PyTree:
+               name: str = "ember.remat_scan", length: Optional[int] = None) -> PyTree:
     """The last carry of `fn(carry, x, consts)` over the slices `x` of `xs`, each call rematerialised.
 
     Args:
@@ -230,6 +230,7 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
         policy: what each layer keeps besides its input (`ember.core.remat_policies`): `"full"`
             (nothing), `"dots_saveable"`, `"save:<tags>"`, ..., or `"none"` (everything: no recomputation).
         name: names the loops in error messages.
+        length: the number of layers, where `xs` has no tensor (layers without parameters or keys).
 
     Returns:
         The last layer's output.
@@ -252,13 +253,17 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
         raise ValueError(f"{name}: the carry has no floating-point tensor ({_describe(carry)}); remat_scan "
                          "differentiates through the carry: pass the activations in it.")
     tensors = [*carry_flat.tensors, *xs_flat.tensors, *consts_flat.tensors]
+    if xs_flat.tensors:
+        length = xs_flat.tensors[0].shape[0]
+    elif length is None:
+        raise ValueError(f"{name}: `xs` has no tensor to count the layers by; pass length=<number of layers>.")
     # On torch_xla, "none" rolls through torch_xla's own differentiable scan and "full" through ember's two
     # Whiles; replaying kept results inside torch_xla 2.9's scan body fails functionalization
     # ("isFunctionalTensor(base_)", measured on none and dots_saveable): the other policies run unrolled there.
-    if (chosen.everything and xla_loop_possible(tensors) and not _spmd()
+    if (chosen.everything and xs_flat.tensors and xla_loop_possible(tensors) and not _spmd()
             and all(_differentiable(t) for t in carry_flat.tensors)):
-        return _kept_on_xla(fn, carry, xs_flat, consts_flat, length=xs_flat.tensors[0].shape[0])
-    if not chosen.saves_anything and xla_loop_possible(tensors):
+        return _kept_on_xla(fn, carry, xs_flat, consts_flat, length=length)
+    if not chosen.saves_anything and xs_flat.tensors and xla_loop_possible(tensors):
         layers = _XlaLayers(fn, carry_flat, xs_flat, consts_flat, name)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             out = _XlaRematScan.apply(layers, *tensors)
@@ -266,10 +271,9 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
             n_h, n_x = layers.n_h, layers.n_x
             out = layers.forward(tensors[:n_h], tensors[n_h:n_h + n_x], tensors[n_h + n_x:], keep=False)
         return carry_flat.rebuild(out[:layers.n_h])
-    length = xs_flat.tensors[0].shape[0]
     if rolls_in_the_graph(carry, xs, length):
         rolled = rolled_scan(lambda c, x, k: (fn(c, x, k), None), carry, xs, length, False, consts, policy=chosen)
         if rolled is not None:
             return rolled[0]
     step = remat(lambda c, x, k: fn(c, x, k), policy=policy, shared=True)  # a lambda: Dynamo cannot wrap a partial
-    return scan(lambda c, x: (step(c, x, consts), None), carry, xs, unroll=True)[0]  # each layer's remat
+    return scan(lambda c, x: (step(c, x, consts), None), carry, xs, length=length, unroll=True)[0]  # each layer's remat

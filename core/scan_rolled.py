@@ -343,6 +343,8 @@ def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], in
                 a.shape != b.shape or a.dtype != b.dtype or is_dtensor(b) and not is_dtensor(a))
             for a, b in zip(new_leaves, carry_tree.leaves)):
         return None  # the Python loop names the mismatch
+    if gated_on("dtensor_scan") and any(map(is_dtensor, (*carry, *x_leaves, *k_leaves, *new_leaves))):
+        return None  # torch before 2.15 (`compat.WORKAROUNDS`), decided before any DTensor is made below
     # a plain carry the step makes a DTensor (a mixture's router statistics summed over the batch's shards)
     # enters as the DTensor it becomes: the same on every process, placed as the step places it
     new_tensors = [v for v in new_leaves if isinstance(v, Tensor)]

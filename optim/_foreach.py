@@ -1,4 +1,5 @@
-"""Private helpers for math over flat leaf lists with `torch._foreach_*` (out-of-place only).
+"""Private helpers for math over flat leaf lists with `torch._foreach_*` (out of place: in place only on lists
+they made themselves).
 
 Every scalar argument may be a Python number or a 0-d tensor (a hyperparameter injected by
 `inject_hyperparams`); the `torch._foreach_*` overloads taking a single tensor broadcast a 0-d
@@ -8,7 +9,7 @@ float32 tensor over every leaf without promoting low-precision leaves (bf16 stay
 from __future__ import annotations
 
 import numbers
-from typing import Callable, List, Sequence, Union
+from typing import Callable, List, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -82,11 +83,39 @@ def add_scaled(xs: Sequence[Tensor], ys: Sequence[Tensor], alpha: Scalar) -> Lea
 
 
 def moment(gs: Sequence[Tensor], ms: Sequence[Tensor], decay: Scalar) -> Leaves:
-    """The exponential moving average `(1 - decay) * g + decay * m` (optax's operation order)."""
+    """The exponential moving average `(1 - decay) * g + decay * m` (optax's operation order), summed in
+    place into the first product where the dtypes agree (a wider moment, `mu_dtype`, keeps its precision)."""
     if not gs:
         return []
-    new = torch._foreach_mul(gs, 1 - decay)
-    return list(torch._foreach_add(new, torch._foreach_mul(ms, decay)))
+    new, old = torch._foreach_mul(gs, 1 - decay), torch._foreach_mul(ms, decay)
+    if any(g.dtype != m.dtype for g, m in zip(gs, ms)):
+        return list(torch._foreach_add(new, old))
+    torch._foreach_add_(new, old)
+    return list(new)
+
+
+def adam_direction(mu: Sequence[Tensor], nu: Sequence[Tensor], corrections: Tuple[Tensor, Tensor],
+                   eps: Scalar) -> Leaves:
+    """Adam's `(mu / c1) / (sqrt(nu / c2) + eps)` for every leaf, `corrections = (c1, c2)`.
+
+    Computed as `mu / (sqrt(nu) / sqrt(c2) + eps) / c1`: two new lists, the rest in place on them (a DTensor
+    takes a new list per operation).
+    """
+    if not mu:
+        return []
+    c1, c2 = corrections
+    if is_dtensor(mu[0]):
+        denom = add_scalar(torch._foreach_sqrt(torch._foreach_div(nu, c2)), eps)
+        return list(torch._foreach_div(torch._foreach_div(mu, c1), denom))
+    denom = torch._foreach_sqrt(nu)
+    torch._foreach_div_(denom, torch.sqrt(c2))
+    if isinstance(eps, Tensor):
+        torch.ops.aten._foreach_add_.Tensor(denom, eps)  # the Scalar overload would call `.item()`
+    else:
+        torch._foreach_add_(denom, eps)
+    out = torch._foreach_div(mu, denom)
+    torch._foreach_div_(out, c1)
+    return list(out)
 
 
 def cast(xs: Sequence[Tensor], dtypes: Union[torch.dtype, Sequence[torch.dtype], None]) -> Leaves:

@@ -90,12 +90,13 @@ def scale_by_adam(
         mu_old, nu_old = tree_leaves(state.mu), tree_leaves(state.nu)
         mu = _foreach.moment(grads, mu_old, b1)
         nu = _foreach.moment(torch._foreach_mul(grads, grads), nu_old, b2)
-        mu_hat = torch._foreach_div(mu, _foreach.bias_correction(b1, count))
-        nu_hat = torch._foreach_div(nu, _foreach.bias_correction(b2, count))
-        if not (_foreach.is_number(eps_root) and eps_root == 0.0):
-            nu_hat = _foreach.add_scalar(nu_hat, eps_root)
-        denom = _foreach.add_scalar(torch._foreach_sqrt(nu_hat), eps)
-        out = list(torch._foreach_div(mu_hat, denom))
+        corrections = (_foreach.bias_correction(b1, count), _foreach.bias_correction(b2, count))
+        if _foreach.is_number(eps_root) and eps_root == 0.0:
+            out = _foreach.adam_direction(mu, nu, corrections, eps)
+        else:
+            nu_hat = _foreach.add_scalar(torch._foreach_div(nu, corrections[1]), eps_root)
+            denom = _foreach.add_scalar(torch._foreach_sqrt(nu_hat), eps)
+            out = list(torch._foreach_div(torch._foreach_div(mu, corrections[0]), denom))
         new_state = ScaleByAdamState(
             count=count,
             mu=tree_unflatten(_foreach.cast(mu, _foreach.dtypes_of(mu_old)), spec),

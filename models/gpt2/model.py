@@ -90,6 +90,10 @@ class CausalSelfAttention(Module):
     out_init: inits.Initializer = inits.normal(0.02)
     dtype: torch.dtype = torch.float32
 
+    @property
+    def reads_key(self) -> bool:
+        return self.dropout > 0.0  # the dropout draws
+
     def validate(self) -> None:
         for name in ("d_model", "n_heads"):
             v = getattr(self, name)
@@ -162,6 +166,8 @@ class MLP(Module):
     proj_init: inits.Initializer = inits.normal(0.02)
     dtype: torch.dtype = torch.float32
 
+    reads_key = False
+
     def validate(self) -> None:
         if self.activation not in ACTIVATIONS:
             raise ValueError(
@@ -206,6 +212,8 @@ class Block(Module):
     ln_2: Module
     dropout: float = 0.0
 
+    reads_key = False
+
     def declare(self):
         return {
             "ln_1": self.ln_1,
@@ -235,6 +243,8 @@ class GPT2(Module):
     """
 
     config: GPT2Config = GPT2Config()
+
+    reads_key = False
 
     def validate(self) -> None:
         if not isinstance(self.config, GPT2Config):

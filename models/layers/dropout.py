@@ -41,6 +41,10 @@ class Dropout(Module):
 
     rate: float = 0.0
 
+    @property
+    def reads_key(self) -> bool:
+        return self.rate > 0.0  # the dropout draws
+
     def validate(self) -> None:
         if not 0.0 <= self.rate < 1.0:
             raise ValueError(f"Dropout.rate must be in [0, 1), got {self.rate}.")

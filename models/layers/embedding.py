@@ -61,6 +61,8 @@ class Embedding(Module):
     dtype: torch.dtype = torch.float32
     padding_idx: Optional[int] = None
 
+    reads_key = False
+
     def validate(self) -> None:
         for name in ("num_embeddings", "features"):
             v = getattr(self, name)

@@ -88,6 +88,8 @@ class LatentAttention(Module):
     weight_init: inits.Initializer = inits.normal(0.02)
     dtype: torch.dtype = torch.float32
 
+    reads_key = False
+
     def validate(self) -> None:
         for name in ("d_model", "n_heads", "kv_rank", "nope_dim", "rope_dim", "v_dim"):
             v = getattr(self, name)

@@ -59,6 +59,8 @@ class Linear(Module):
     bias_init: inits.Initializer = inits.zeros()
     dtype: torch.dtype = torch.float32
 
+    reads_key = False
+
     def validate(self) -> None:
         for name in ("in_features", "out_features"):
             v = getattr(self, name)

@@ -33,6 +33,8 @@ Writing a layer:
             return x * params["scale"]              # x: (..., features)
 
 Override `validate()` (not `__post_init__`) to check hyperparameters.
+A layer whose `apply` never reads its `key` says `reads_key = False`: no key is folded for it (a
+layer that draws, or holds one that does, gets one).
 
 Example:
     >>> import torch
@@ -75,8 +77,8 @@ def path_key(key: Key, path: str) -> Key:
 
 
 _RESERVED = frozenset(
-    {"apply", "axes", "call", "children", "declare", "gathered", "has_params", "init", "init_at", "param_shapes",
-     "param_specs", "validate"}
+    {"apply", "axes", "call", "children", "declare", "draws", "gathered", "has_params", "init", "init_at",
+     "param_shapes", "param_specs", "reads_key", "validate"}
 )
 
 
@@ -113,12 +115,18 @@ class Module:
                     f"{type(child).__name__}."
                 )
         has_params = any(isinstance(c, Param) or c.has_params for c in children.values())
+        draws = self.reads_key or any(isinstance(c, Module) and c.draws for c in children.values())
         salts = {name: _stable_hash(name) for name in children}
         object.__setattr__(self, "_children", children)
         object.__setattr__(self, "_has_params", has_params)
+        object.__setattr__(self, "_draws", draws)
         object.__setattr__(self, "_salts", salts)
 
     # ---- to override -------------------------------------------------------------------------
+
+    reads_key = True
+    """Whether `apply` itself draws from its `key` (dropout). A layer that only hands its key to sub-layers
+    through `call`, or never reads it, sets False: `call` then folds no key for it unless a sub-layer draws."""
 
     def validate(self) -> None:
         """Check hyperparameters; raise `ValueError` naming the field. Default: nothing to check."""
@@ -146,6 +154,11 @@ class Module:
     def has_params(self) -> bool:
         """True if this layer or any sub-layer declares a parameter."""
         return self._has_params
+
+    @property
+    def draws(self) -> bool:
+        """True if this layer or any sub-layer reads its key (`reads_key`): only then does it get one."""
+        return self._draws
 
     def param_specs(self) -> PyTree:
         """The tree of `Param` declarations, shaped like `init`'s result."""
@@ -213,10 +226,11 @@ class Module:
     def call(
         self, name: str, params: Params, *args: Any, key: Optional[Key] = None, **kwargs: Any
     ) -> Any:
-        """Apply the sub-layer `name` on `params[name]`, with a key folded by `name`, forwarding kwargs."""
+        """Apply the sub-layer `name` on `params[name]`, with a key folded by `name` (None for a sub-layer that
+        never `draws`), forwarding kwargs."""
         child = self._children[name]
         sub_params = params[name] if child.has_params else {}
         if current_sharding() is not None and child.has_params:
             sub_params = child.gathered(sub_params)
-        sub_key = None if key is None else random.fold_in(key, self._salts[name])
+        sub_key = None if key is None or not child.draws else random.fold_in(key, self._salts[name])
         return child.apply(sub_params, *args, key=sub_key, **kwargs)

@@ -145,6 +145,8 @@ class MoE(Module):
     expert_init: inits.Initializer = inits.normal(0.02)
     dtype: torch.dtype = torch.float32
 
+    reads_key = False
+
     @property
     def n_experts(self) -> int:
         return self.router.n_experts

@@ -96,6 +96,8 @@ class Router(Module):
     weight_init: inits.Initializer = inits.normal(0.02)
     dtype: torch.dtype = torch.float32
 
+    reads_key = False
+
     def validate(self) -> None:
         E, k = self.n_experts, self.top_k
         if not (isinstance(E, int) and E > 0):

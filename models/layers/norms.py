@@ -57,6 +57,8 @@ class LayerNorm(Module):
     axis: Optional[str] = "embed"
     dtype: torch.dtype = torch.float32
 
+    reads_key = False
+
     def validate(self) -> None:
         _check_features("LayerNorm", self.features, self.eps)
 
@@ -87,6 +89,8 @@ class RMSNorm(Module):
     eps: float = 1e-5
     axis: Optional[str] = "embed"
     dtype: torch.dtype = torch.float32
+
+    reads_key = False
 
     def validate(self) -> None:
         _check_features("RMSNorm", self.features, self.eps)

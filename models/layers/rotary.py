@@ -191,6 +191,8 @@ class RotaryEmbedding(Module):
     theta: float = 10000.0
     scaling: Optional[Union[RopeScaling, YarnScaling]] = None
 
+    reads_key = False
+
     def validate(self) -> None:
         if not isinstance(self.head_dim, int) or self.head_dim <= 0 or self.head_dim % 2:
             raise ValueError(f"RotaryEmbedding.head_dim must be a positive even int, got {self.head_dim!r}.")

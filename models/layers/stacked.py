@@ -63,8 +63,9 @@ def _apply_layer(layer: Module, carry: PyTree, xs: Tuple[Params, Optional[Tensor
     return layer.apply(xs[0], carry, key=xs[1], **kwargs)
 
 
-def _layer_keys(key: Optional[Key], n: int) -> Optional[Tensor]:
-    return None if key is None else random.split(key, n)  # (n,) int64
+def _layer_keys(layers: Module, key: Optional[Key], n: int) -> Optional[Tensor]:
+    """One key per layer, `(n,)` int64; None where no layer draws (`Module.draws`)."""
+    return None if key is None or not layers.draws else random.split(key, n)
 
 
 def _pipeline_stages() -> int:
@@ -93,6 +94,8 @@ class Sequential(Module):
     layers: Tuple[Module, ...]
     remat: Union[str, bool] = "none"
 
+    reads_key = False
+
     @classmethod
     def repeat(cls, layer: Module, num_layers: int, *, remat: Union[str, bool] = "none") -> "Sequential":
         """`num_layers` copies of `layer` (each with its own parameters)."""
@@ -117,7 +120,7 @@ class Sequential(Module):
     def apply(self, params: Params, x: PyTree, *, key: Optional[Key] = None, **kwargs: Any) -> PyTree:
         """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
         _refuse_unstacked("a list (Sequential)")
-        keys = _layer_keys(key, len(self.layers))
+        keys = _layer_keys(self, key, len(self.layers))
         for i, layer in enumerate(self.layers):
             x = _remat(layer.apply, policy=self.remat)(params[i] if layer.has_params else {}, x,
                                                         key=None if keys is None else keys[i], **kwargs)
@@ -137,6 +140,8 @@ class Stacked(Module):
     layer: Module
     num_layers: int
     remat: Union[str, bool] = "none"
+
+    reads_key = False
 
     def validate(self) -> None:
         if not isinstance(self.layer, Module):
@@ -164,7 +169,7 @@ class Stacked(Module):
 
     def apply(self, params: Params, x: PyTree, *, key: Optional[Key] = None, **kwargs: Any) -> PyTree:
         """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
-        return self.apply_with_keys(params, x, _layer_keys(key, self.num_layers), **kwargs)
+        return self.apply_with_keys(params, x, _layer_keys(self, key, self.num_layers), **kwargs)
 
     def apply_with_keys(self, params: Params, x: PyTree, keys: Optional[Tensor], **kwargs: Any) -> PyTree:
         """`apply` with the layers' keys given, `(num_layers,)` or None."""
@@ -173,7 +178,7 @@ class Stacked(Module):
             return self._pipelined(params, x, keys, kwargs)
         # x may be a tree: a mixture of experts' router statistics ride along with the activations
         return remat_scan(functools.partial(_apply_layer, self.layer), x, (params, keys), kwargs,
-                          policy=self.remat, name="ember.Stacked")
+                          policy=self.remat, name="ember.Stacked", length=self.num_layers)
 
     def _pipelined(self, params: Params, x: PyTree, keys: Optional[Tensor], kwargs: Any) -> PyTree:
         """The layers as `pp` stages (`ember.core.partition_specs.pipeline`): per-example kwargs (`(B, T)` segment ids,
@@ -225,6 +230,8 @@ class Stacks(Module):
 
     stacks: Tuple[Stacked, ...]
 
+    reads_key = False
+
     @classmethod
     def of(cls, layers: Sequence[Module], *, remat: Union[str, bool] = "none") -> Module:
         """`layers` as consecutive stacks of equal layers (a `Stacked` when they are all equal)."""
@@ -256,7 +263,7 @@ class Stacks(Module):
 
     def apply(self, params: Params, x: PyTree, *, key: Optional[Key] = None, **kwargs: Any) -> PyTree:
         """Args: x: the first layer's input; key: split into one key per layer. Returns: the last output."""
-        keys = _layer_keys(key, self.num_layers)
+        keys = _layer_keys(self, key, self.num_layers)
         for (first, s), p in zip(self._runs(), params):
             x = s.apply_with_keys(p, x, None if keys is None else keys[first:first + s.num_layers], **kwargs)
         return x

@@ -119,6 +119,10 @@ class Attention(Module):
     dtype: torch.dtype = torch.float32
 
     @property
+    def reads_key(self) -> bool:
+        return self.dropout > 0.0  # the dropout draws
+
+    @property
     def kv_heads(self) -> int:
         """KV, the number of key/value heads."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
@@ -221,6 +225,8 @@ class SwiGLU(Module):
     down_init: inits.Initializer = inits.normal(0.02)
     dtype: torch.dtype = torch.float32
 
+    reads_key = False
+
     def declare(self):
         def lin(i: int, o: int, ia: str, oa: str, init: inits.Initializer) -> Linear:
             return Linear(i, o, bias=False, in_axis=ia, out_axis=oa, weight_init=init, dtype=self.dtype)
@@ -257,6 +263,8 @@ class Block(Module):
     ln_1: Module
     ln_2: Module
 
+    reads_key = False
+
     def declare(self):
         return {"ln_1": self.ln_1, "attn": self.attn, "ln_2": self.ln_2, "mlp": self.mlp}
 
@@ -277,6 +285,8 @@ class Llama3(Module):
     """
 
     config: Llama3Config = Llama3Config()
+
+    reads_key = False
 
     def validate(self) -> None:
         if not isinstance(self.config, Llama3Config):

@@ -28,6 +28,7 @@ from ember.models.layers import (
     Stacked,
     Stacks,
     dot_product_attention,
+    path_key,
     repeat_kv,
     rope_frequencies,
 )
@@ -484,6 +485,42 @@ def test_extra_kwargs_reach_every_layer():
         assert len(log) == calls
         assert all(kw == {"segment_ids": "marker", "positions": 7} for _, kw in log)
         assert {n for n, _ in log} >= {"attn", "mlp", "ln_1", "ln_2"}
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyRecorder(Module):
+    """Records the key its `apply` got; `reads_key` as given."""
+
+    name: str
+    log: dict = dataclasses.field(compare=False, hash=False)
+    reading: bool = True
+
+    @property
+    def reads_key(self) -> bool:
+        return self.reading
+
+    def apply(self, params, x, *, key=None, **kwargs):
+        self.log[self.name] = key
+        return x
+
+
+def test_keys_reach_only_the_layers_that_draw():
+    """`call` folds a key for a sub-layer that draws (or holds one that does) and hands None to the rest; the keys
+    a drawing layer gets do not depend on its neighbours drawing."""
+    log: dict = {}
+    rec = lambda n, reading=True: KeyRecorder(n, log, reading)  # noqa: E731
+    key = random.key(3)
+    drawing = Block(attn=rec("attn"), mlp=rec("mlp", False), ln_1=rec("ln_1", False), ln_2=rec("ln_2", False))
+    assert drawing.draws and not drawing.reads_key and not rec("x", False).draws
+    Stacked(drawing, 2).apply({}, _x(1, 3, D), key=key)
+    assert log["mlp"] is None and log["ln_1"] is None and log["ln_2"] is None
+    assert torch.equal(log["attn"], path_key(random.split(key, 2)[1], "attn"))  # the second layer's, folded by name
+    quiet = Block(attn=rec("attn", False), mlp=rec("mlp", False), ln_1=rec("ln_1", False), ln_2=rec("ln_2", False))
+    assert not quiet.draws and not Stacked(quiet, 2).draws
+    log.clear()
+    Stacked(quiet, 2).apply({}, _x(1, 3, D), key=key)
+    assert log == {"attn": None, "mlp": None, "ln_1": None, "ln_2": None}
+    assert not Stacked(_block(dropout=0.0), 2).draws and Stacked(_block(dropout=0.1), 2).draws
 
 
 def test_builtin_layers_forward_kwargs(monkeypatch):
