@@ -77,26 +77,30 @@ def _leading_dim(tree: PyTree, *, what: str) -> Optional[int]:
 
 def _unstack(tree: PyTree, n: int) -> List[PyTree]:
     leaves, spec = tree_flatten(tree)
-    # `unbind`: its gradient is one stack, where n `select`s' are n zero-filled leaves summed. A DTensor is
-    # selected: torch 2.9's DTensor has no rule for `unbind` (a DTensor's microbatches)
-    slices = [(None,) * n if leaf is None else [leaf[i] for i in range(n)] if is_dtensor(leaf) else leaf.unbind(0)
-              for leaf in leaves]
+    slices = [_slices(leaf, n) for leaf in leaves]
     return [tree_unflatten([s[i] for s in slices], spec) for i in range(n)]
+
+
+def _slices(leaf: Optional[Tensor], n: int) -> Sequence[Optional[Tensor]]:
+    """`leaf`'s n slices along dim 0 by `unbind`, whose gradient is one stack (n `select`s' are n zero-filled leaves
+    summed). A DTensor is selected: torch 2.9's DTensor has no rule for `unbind` (a DTensor's microbatches)."""
+    if leaf is None:
+        return (None,) * n
+    return [leaf[i] for i in range(n)] if is_dtensor(leaf) else leaf.unbind(0)
+
+
+def _leaf_signature(v: Any) -> Any:
+    return (tuple(v.shape), v.dtype) if isinstance(v, Tensor) else type(v)
 
 
 def _signature(tree: PyTree) -> Tuple[Any, List[Tuple[str, Any]]]:
     leaves, spec = tree_flatten_with_path(tree)
-    sig = [
-        (keystr(p), (tuple(v.shape), v.dtype) if isinstance(v, Tensor) else type(v))
-        for p, v in leaves
-    ]
-    return spec, sig
+    return spec, [(keystr(p), _leaf_signature(v)) for p, v in leaves]
 
 
 def _check_carry(init_sig: Tuple[Any, List[Tuple[str, Any]]], carry: PyTree, step: int) -> None:
     leaves, spec = tree_flatten(carry)
-    if spec == init_sig[0] and all((tuple(v.shape), v.dtype) == want if isinstance(v, Tensor) else type(v) == want
-                                   for v, (_, want) in zip(leaves, init_sig[1])):
+    if spec == init_sig[0] and all(_leaf_signature(v) == want for v, (_, want) in zip(leaves, init_sig[1])):
         return  # the carry kept its signature; the paths are named only when it did not
     spec, sig = _signature(carry)
     if spec != init_sig[0]:

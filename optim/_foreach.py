@@ -95,17 +95,19 @@ def moment(gs: Sequence[Tensor], ms: Sequence[Tensor], decay: Scalar) -> Leaves:
 
 
 def adam_direction(mu: Sequence[Tensor], nu: Sequence[Tensor], corrections: Tuple[Tensor, Tensor],
-                   eps: Scalar) -> Leaves:
-    """Adam's `(mu / c1) / (sqrt(nu / c2) + eps)` for every leaf, `corrections = (c1, c2)`.
+                   eps: Scalar, eps_root: Scalar = 0.0) -> Leaves:
+    """Adam's `(mu / c1) / (sqrt(nu / c2 + eps_root) + eps)` for every leaf, `corrections = (c1, c2)`.
 
-    Computed as `mu / (sqrt(nu) / sqrt(c2) + eps) / c1`: two new lists, the rest in place on them (a DTensor
-    takes a new list per operation).
+    Without `eps_root` computed as `mu / (sqrt(nu) / sqrt(c2) + eps) / c1`: two new lists, the rest in place on
+    them (a DTensor, or an `eps_root`, takes a new list per operation).
     """
     if not mu:
         return []
     c1, c2 = corrections
-    if is_dtensor(mu[0]):
-        denom = add_scalar(torch._foreach_sqrt(torch._foreach_div(nu, c2)), eps)
+    no_root = is_number(eps_root) and eps_root == 0.0
+    if is_dtensor(mu[0]) or not no_root:
+        nu_hat = torch._foreach_div(nu, c2)
+        denom = add_scalar(torch._foreach_sqrt(nu_hat if no_root else add_scalar(nu_hat, eps_root)), eps)
         return list(torch._foreach_div(torch._foreach_div(mu, c1), denom))
     denom = torch._foreach_sqrt(nu)
     torch._foreach_div_(denom, torch.sqrt(c2))

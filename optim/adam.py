@@ -91,12 +91,7 @@ def scale_by_adam(
         mu = _foreach.moment(grads, mu_old, b1)
         nu = _foreach.moment(torch._foreach_mul(grads, grads), nu_old, b2)
         corrections = (_foreach.bias_correction(b1, count), _foreach.bias_correction(b2, count))
-        if _foreach.is_number(eps_root) and eps_root == 0.0:
-            out = _foreach.adam_direction(mu, nu, corrections, eps)
-        else:
-            nu_hat = _foreach.add_scalar(torch._foreach_div(nu, corrections[1]), eps_root)
-            denom = _foreach.add_scalar(torch._foreach_sqrt(nu_hat), eps)
-            out = list(torch._foreach_div(torch._foreach_div(mu, corrections[0]), denom))
+        out = _foreach.adam_direction(mu, nu, corrections, eps, eps_root)
         new_state = ScaleByAdamState(
             count=count,
             mu=tree_unflatten(_foreach.cast(mu, _foreach.dtypes_of(mu_old)), spec),

@@ -63,9 +63,9 @@ def _apply_layer(layer: Module, carry: PyTree, xs: Tuple[Params, Optional[Tensor
     return layer.apply(xs[0], carry, key=xs[1], **kwargs)
 
 
-def _layer_keys(layers: Module, key: Optional[Key], n: int) -> Optional[Tensor]:
-    """One key per layer, `(n,)` int64; None where no layer draws (`Module.draws`)."""
-    return None if key is None or not layers.draws else random.split(key, n)
+def _layer_keys(stack: Module, key: Optional[Key], n: int) -> Optional[Tensor]:
+    """One key per layer of `stack`, `(n,)` int64; None where none of them draws (`Module.draws`)."""
+    return None if key is None or not stack.draws else random.split(key, n)
 
 
 def _pipeline_stages() -> int:
