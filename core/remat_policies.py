@@ -1,6 +1,6 @@
 """Remat policies: which intermediate results of a remat'd block are kept instead of recomputed.
 
-Public names: `RematPolicy`, `checkpoint_name`, `remat_policy`, `save_names`, `POLICY_NAMES`.
+Public names: `RematPolicy`, `checkpoint_name`, `remat_policy`, `save_names`, `POLICY_NAMES`, `NO_REMAT`.
 
 `remat(block, policy=...)` (in `remat.py`) always keeps the block's inputs. A policy picks, op by
 op, which other results to keep, like `jax.checkpoint_policies`:
@@ -15,8 +15,10 @@ op, which other results to keep, like `jax.checkpoint_policies`:
 - `"everything_saveable"`: nothing is recomputed. It keeps every result but reshapes and 0-d results,
   which cost nothing to recompute (random keys' bit arithmetic, scalars); in a traced rolled layer
   (`remat_scan`) only those the backward reads, as a plain block's autograd graph holds them
-  (`Record`). `Stacked` uses it to share one compiled body across layers without remat.
-- `"none"` turns remat off (the block runs as written).
+  (`Record`).
+- `"none"` turns remat off (the block runs as written). A rolled stack of layers still records what the
+  backward reads, with `NO_REMAT`: what autograd saves but elementwise results, rebuilt in the backward
+  from the results they come from (what torch.compile's partitioner keeps).
 
 How it works: while the block's forward runs, a dispatch mode records the outputs the policy keeps
 (each by its op and occurrence, the 3rd `aten.mm` of the block say). While the backward recomputes
@@ -35,7 +37,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 import torch
 from .compat.dispatch_mode import TorchDispatchMode
 
-__all__ = ["POLICY_NAMES", "RematPolicy", "checkpoint_name", "remat_policy", "save_names"]
+__all__ = ["NO_REMAT", "POLICY_NAMES", "RematPolicy", "checkpoint_name", "remat_policy", "save_names"]
 
 _BATCHED_DOTS = ("bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
                  "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -60,6 +62,7 @@ class RematPolicy:
     ops: FrozenSet[str] = frozenset()
     names: FrozenSet[str] = frozenset()
     everything: bool = False
+    elementwise: bool = True  # with `everything`: elementwise results kept too (else rebuilt from their inputs)
 
     @property
     def saves_anything(self) -> bool:
@@ -67,6 +70,8 @@ class RematPolicy:
 
     def saves_op(self, func: Any, out: Any) -> bool:
         if self.everything:  # but what costs nothing to recompute: a reshape, a 0-d result
+            if not self.elementwise and torch.Tag.pointwise in getattr(func, "tags", ()):
+                return False
             return _packet_name(func) not in _FREE and not (isinstance(out, torch.Tensor) and out.dim() == 0)
         return _packet_name(func) in self.ops
 
@@ -89,6 +94,9 @@ _NAMED = {
     ),
     "everything_saveable": RematPolicy("everything_saveable", everything=True),
 }
+NO_REMAT = RematPolicy("none", everything=True, elementwise=False)
+"""What a rolled layer keeps without remat: what autograd saves, its elementwise results rebuilt in the backward
+from the results they are computed from, as torch.compile's partitioner rebuilds them (nothing else recomputed)."""
 POLICY_NAMES: Tuple[str, ...] = ("none", *_NAMED, "save:<name>,...")
 """Every policy name `remat_policy` accepts (`save:` takes the `checkpoint_name` tags to keep)."""
 

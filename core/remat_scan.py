@@ -5,8 +5,9 @@ Public name: `remat_scan` (also exported from `ember.core.transforms`).
 `remat_scan(fn, carry, xs, consts, policy=...)` computes what `scan` of `remat(fn, policy=...)`
 computes: the forward keeps each layer's input and what the policy names, and the backward
 recomputes one layer at a time, handing the kept results back instead of recomputing them
-(`remat_policies.Replay`). Policy `"none"` keeps what a plain layer's autograd graph keeps and
-recomputes nothing (`everything_saveable`). Where it runs:
+(`remat_policies.Replay`). Policy `"none"` keeps what a plain layer's autograd graph keeps but its
+elementwise results, which the backward rebuilds from the results they come from, as torch.compile's
+partitioner does; no matmul, attention or reduction runs twice (`remat_policies.NO_REMAT`). Where it runs:
 
 - in ember's Inductor step, the forward loop and the backward loop are each one `scan` node of the
   step's graph (`scan_rolled.py`, the kept results stacked as the forward's ys), DTensors included;
@@ -30,7 +31,7 @@ from .autograd_grad import pull_back
 from .compat.xla_loop import xla_scan
 from .pytree import tree_flatten, tree_unflatten
 from .remat import _differentiable, remat
-from .remat_policies import RematPolicy, remat_policy
+from .remat_policies import NO_REMAT, RematPolicy, remat_policy
 from .scan import rolls_in_the_graph, scan, xla_loop_possible
 from .scan_rolled import rolled_scan
 from .trace_context import FunctionError, xla_loop_body
@@ -247,7 +248,7 @@ def remat_scan(fn: Callable[[PyTree, PyTree, PyTree], PyTree], carry: PyTree, xs
         >>> grad(lambda ws: remat_scan(layer, torch.ones(1, 2), ws).sum())(ws).shape
         torch.Size([3, 2, 2])
     """
-    chosen = remat_policy(policy) or remat_policy("everything_saveable")
+    chosen = remat_policy(policy) or NO_REMAT
     carry_flat, xs_flat, consts_flat = _Flat(carry), _Flat(xs), _Flat(consts)
     if not _floating(carry_flat.tensors):
         raise ValueError(f"{name}: the carry has no floating-point tensor ({_describe(carry)}); remat_scan "

@@ -14,16 +14,18 @@ A body traced by `make_fx` keeps a tensor it closes over as a constant: every te
 reads must come in through `init`, `xs` or `consts` (the op's `additional_inputs`); `in_the_graph` tells a
 tensor of the trace from one made while nothing was recorded (a dry run). The op's inputs may not alias: a
 tensor that shares its storage with an earlier one is copied. After the trace, `drop_unread_inputs` takes
-out of each loop the inputs its body never reads (the node's arguments are the op's private layout).
+out of each loop the inputs its body never reads (the node's arguments are the op's private layout), and
+`hoist_invariants` computes before each loop what its body computes from its constant inputs alone.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-__all__ = ["drop_unread_inputs", "in_the_graph", "torch_scan"]
+__all__ = ["drop_unread_inputs", "hoist_invariants", "in_the_graph", "torch_scan"]
 
 Step = Callable[[List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]],
                 Tuple[List[torch.Tensor], List[torch.Tensor]]]
@@ -87,18 +89,21 @@ def _split(tensors: List[torch.Tensor], n_c: int, n_x: int) -> Tuple[List[torch.
     return tensors[:n_c], tensors[n_c:n_c + n_x], tensors[n_c + n_x:]
 
 
+def _loops(gm: torch.fx.GraphModule) -> List[Tuple[torch.fx.Node, torch.fx.GraphModule]]:
+    """Each `scan` node of `gm`, with its body."""
+    from torch._higher_order_ops.scan import scan_op
+
+    return [(node, getattr(gm, node.args[0].target)) for node in gm.graph.nodes
+            if node.op == "call_function" and node.target is scan_op]
+
+
 def drop_unread_inputs(gm: torch.fx.GraphModule) -> None:
     """Take out of each `scan` node of `gm` the sliced and constant inputs its body does not read, as JAX's scan
     drops dead inputs: a stack of layers that draws nothing still gets its per-layer keys, and the loop would
     keep them, and the graph that makes them, alive. A loop keeps one sliced input (its length)."""
-    from torch._higher_order_ops.scan import scan_op
-
     changed = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not scan_op:
-            continue
+    for node, body in _loops(gm):
         body_attr, init, xs, consts = node.args[:4]
-        body = getattr(gm, body_attr.target)
         drop_unread_inputs(body)  # loops inside the body first
         body.graph.eliminate_dead_code()
         places = [n for n in body.graph.nodes if n.op == "placeholder"]
@@ -125,3 +130,78 @@ def in_the_graph(t: torch.Tensor) -> bool:
 
     mode = get_proxy_mode()
     return mode is not None and has_proxy_slot(t, mode.tracer)
+
+
+_NOT_HOISTED = ("_c10d_functional", "c10d_functional", "_dtensor", "ember")  # collectives move bytes; ember's barrier
+
+
+def _pure(node: torch.fx.Node) -> bool:
+    """Whether `node` computes the same value from the same inputs, writes nothing and moves no bytes between
+    processes: an ATen op without mutation or a random seed, or an item of one's results."""
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+        return False
+    return target.namespace not in _NOT_HOISTED and torch.Tag.nondeterministic_seeded not in target.tags
+
+
+def _fresh_value(node: torch.fx.Node, budget: int) -> bool:
+    """Whether `node` may leave its loop: a new tensor (no view of an input), not 0-d, at most `budget` bytes."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() == 0 or val.numel() * val.element_size() > budget:
+        return False
+    made_by = node.args[0] if node.target is operator.getitem else node  # an item: of the op's results
+    target = made_by.target
+    return not (isinstance(target, torch._ops.OpOverload)
+                and (target.is_view or target.__name__.split(".")[0] in ("_unsafe_view", "alias")))
+
+
+def hoist_invariants(gm: torch.fx.GraphModule) -> None:
+    """Compute once, before each `scan` node of `gm`, what its body computes from its constant inputs alone, as
+    XLA's while-loop invariant code motion does: a rotary table made inside every layer from `arange` is made
+    once and read by each step. A value leaves the loop where a step reads it: a new tensor, no bigger than the
+    carry's tensors together (the loop holds it throughout), not a step's output (which may not be an input)."""
+    changed = False
+    for node, body in _loops(gm):
+        body_attr, init, xs, consts = node.args[:4]
+        hoist_invariants(body)  # loops inside the body first: what they hoist may leave this loop too
+        places = [n for n in body.graph.nodes if n.op == "placeholder"]
+        n_c, n_x = len(init), len(xs)
+        if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in body.graph.nodes):
+            continue  # a body that writes a tensor: a value it writes must be made in each step
+        invariant = set(places[n_c + n_x:])
+        for n in body.graph.nodes:
+            if n.op == "call_function" and _pure(n) and all(a in invariant for a in n.all_input_nodes):
+                invariant.add(n)
+        budget = sum(p.meta["val"].numel() * p.meta["val"].element_size() for p in places[:n_c]
+                     if isinstance(p.meta.get("val"), torch.Tensor))
+        stays = {n for n in body.graph.nodes if n not in invariant}  # computed in each step
+        while True:  # the invariants a step reads; one that may not leave stays, and its inputs are read instead
+            read = [n for n in invariant if n.op != "placeholder" and n not in stays
+                    and any(u in stays for u in n.users)]
+            held = [n for n in read if not _fresh_value(n, budget) or body.graph.output_node() in n.users]
+            if not held:
+                break
+            stays.update(held)
+        if not read:
+            continue
+        read.sort(key=list(body.graph.nodes).index)
+        outside = dict(zip(places[n_c + n_x:], consts))
+        with gm.graph.inserting_before(node):
+            for n in body.graph.nodes:  # every invariant, in order (what the read ones do not need is dropped)
+                if n in invariant and n not in outside:
+                    outside[n] = gm.graph.node_copy(n, lambda a: outside[a])
+        last = places[-1]
+        for n in read:
+            with body.graph.inserting_after(last):
+                last = body.graph.placeholder(f"hoisted_{n.name}")
+            last.meta = dict(n.meta)
+            n.replace_all_uses_with(last)
+        body.graph.eliminate_dead_code()
+        body.recompile()
+        node.args = (body_attr, list(init), list(xs), (*consts, *(outside[n] for n in read)), *node.args[4:])
+        changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..compat.inductor import compiling_in, data_dependent_errors, fake_mode, trace_fx
-from ..compat.scan import drop_unread_inputs
+from ..compat.scan import drop_unread_inputs, hoist_invariants
 from ..trace_context import ember_trace
 
 __all__ = ["DataDependentError", "trace_and_compile"]
@@ -42,6 +42,7 @@ def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
         raise DataDependentError(str(err).splitlines()[0][:200]) from err
     _drop_constant_numbers(gm)
     drop_unread_inputs(gm)
+    hoist_invariants(gm)
     if compile is None:
         return gm
     with compiling_in(mode):

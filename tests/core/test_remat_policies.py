@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ember.core.remat import remat
-from ember.core.remat_policies import POLICY_NAMES, Record, checkpoint_name, remat_policy, save_names
+from ember.core.remat_policies import NO_REMAT, POLICY_NAMES, Record, checkpoint_name, remat_policy, save_names
 from ember.core.testing import assert_trees_all_close
 from ember.core.transforms import grad, value_and_grad, vmap
 from ember.models import Llama3Config
@@ -106,6 +106,20 @@ def test_a_traced_rolled_layer_keeps_only_what_its_backward_reads():
     with torch.no_grad(), Record(remat_policy("everything_saveable"), only_what_autograd_saves=True) as plain:
         torch.exp(torch.sin(x @ p["w1"]) + 1.0)  # no autograd graph to ask: every result, as before
     assert {"mm", "sin", "add", "exp"} <= {func.overloadpacket.__name__ for func, _ in plain.saved}
+
+
+def test_a_rolled_layer_without_remat_rebuilds_its_elementwise_results():
+    p, x = _case()
+    x = x.requires_grad_()
+    with torch.enable_grad(), Record(NO_REMAT, only_what_autograd_saves=True) as record:
+        h = F.silu(x @ p["w1"]) * (x @ p["w1"]).cos()  # SwiGLU-shaped: autograd saves the silu, cos, products
+        a = F.scaled_dot_product_attention(h, h, h, is_causal=True)
+        (a.exp() * h.mean(-1, keepdim=True)).sum()
+    kept = Counter(func.overloadpacket.__name__ for func, _ in record.saved)
+    # the matmuls, the attention (a fused kernel, or bmm and softmax on torch before 2.15) and the reduction: what
+    # torch.compile's partitioner keeps; not one elementwise result
+    assert {"mm", "mean"} <= set(kept) and not set(kept) & {"silu", "cos", "mul", "exp", "add"}, kept
+    assert kept["mm"] == 2
 
 
 def test_checkpoint_name_outside_remat_is_identity():

@@ -244,3 +244,27 @@ def test_a_loop_drops_the_inputs_its_body_never_reads_and_the_graph_that_made_th
     assert ints(forward.args[3]) == ints(backward.args[3]) == 0 and ints(backward.args[2]) == 1
     assert not any(str(node.target).startswith("aten.bitwise_xor") for node in gm.graph.nodes)
     torch.testing.assert_close(jit(step)(xs, h0, random.key(0)), step(xs, h0, random.key(0)), **TOL)
+
+
+def test_a_loop_computes_what_its_constants_alone_determine_once_before_it():
+    """A table each step makes from `arange` and the loop's constants (a rotary table) is made once, before each
+    loop, as XLA hoists a while loop's invariants; what a step computes from its carry and slice stays in it."""
+    xs, h0 = _stack(5), torch.randn(4, 8)
+    scale = torch.tensor(0.5)
+
+    def loss(xs, h0, scale):
+        def layer(h, x):
+            table = (torch.arange(8.0) * scale).cos()  # the same every step
+            return _layer(h * table, x), None
+
+        return scan(layer, h0, xs)[0].pow(2).sum()
+
+    step = value_and_grad(loss, argnums=(0, 1))
+    gm = trace_and_compile(lambda w, b, h, s: step({"w": w, "b": b}, h, s), (xs["w"], xs["b"], h0, scale))
+    loops = [node for node in gm.graph.nodes if node.op == "call_function" and str(node.target) == "scan"]
+    assert len(loops) == 2
+    ops = lambda g: {str(n.target) for n in g.nodes if n.op == "call_function"}  # noqa: E731
+    bodies = [ops(getattr(gm, loop.args[0].target).graph) for loop in loops]
+    assert not any("aten.cos.default" in body for body in bodies), "made in every step"
+    assert "aten.tanh.default" in bodies[0] and "aten.cos.default" in ops(gm.graph)
+    torch.testing.assert_close(jit(step)(xs, h0, scale), step(xs, h0, scale), **TOL)
