@@ -154,7 +154,7 @@ def _fresh_value(node: torch.fx.Node, budget: int) -> bool:
     made_by = node.args[0] if node.target is operator.getitem else node  # an item: of the op's results
     target = made_by.target
     return not (isinstance(target, torch._ops.OpOverload)
-                and (target.is_view or target.__name__.split(".")[0] in ("_unsafe_view", "alias")))
+                and (target.is_view or target.__name__.split(".")[0] == "_unsafe_view"))
 
 
 def hoist_invariants(gm: torch.fx.GraphModule) -> None:
@@ -178,7 +178,7 @@ def hoist_invariants(gm: torch.fx.GraphModule) -> None:
                      if isinstance(p.meta.get("val"), torch.Tensor))
         stays = {n for n in body.graph.nodes if n not in invariant}  # computed in each step
         while True:  # the invariants a step reads; one that may not leave stays, and its inputs are read instead
-            read = [n for n in invariant if n.op != "placeholder" and n not in stays
+            read = [n for n in body.graph.nodes if n in invariant and n.op != "placeholder" and n not in stays
                     and any(u in stays for u in n.users)]
             held = [n for n in read if not _fresh_value(n, budget) or body.graph.output_node() in n.users]
             if not held:
@@ -186,7 +186,6 @@ def hoist_invariants(gm: torch.fx.GraphModule) -> None:
             stays.update(held)
         if not read:
             continue
-        read.sort(key=list(body.graph.nodes).index)
         outside = dict(zip(places[n_c + n_x:], consts))
         with gm.graph.inserting_before(node):
             for n in body.graph.nodes:  # every invariant, in order (what the read ones do not need is dropped)
