@@ -13,7 +13,7 @@
 #   a2   30-60 s  the same run resumed from its last checkpoint to more steps, the sample again
 #   c1   20-40 s  the compiled step twice in-process (bitwise?), eager and CPU references, RNG, checkpoint
 #   c2   20-40 s  c1 again in a second process (the summary compares the two processes' bits)
-#   t    20-60 s  pytest -m gpu over tests/ (every test marked gpu)
+#   t    60-150 s pytest -m gpu over tests/ (every test marked gpu; the determinism test compiles in a subprocess)
 #   d    45-90 s  qwen3_moe_tiny (dropless) against its dense twin, bf16, compiled, round-robin
 #   b1   the rest llama3_125m bf16, torch.compile(module) + fused AdamW against ember's compiled step in
 #                 one process, on an empty Inductor cache: cold first calls, steady ms, MFU, peak memory
@@ -25,7 +25,8 @@
 # gpu when nvidia-smi sees one; cpu runs the same entry points eagerly at toy sizes, as CI does),
 # GPU_CHECK_BLOCKING=1 (CUDA_LAUNCH_BLOCKING=1, for a rerun after a crash), GPU_CHECK_GDB=1 (each
 # stage under cuda-gdb: a native backtrace), B_VARIANTS (torch_compiled_bf16,ember_inductor_bf16),
-# B_EXTRA (more step_compare flags, e.g. "--data.batch_size 4"), GPU_TESTS (pytest paths: tests),
+# B_EXTRA (more step_compare flags, e.g. "--data.batch_size 4"), B2_EXTRA (b2's alone, e.g. "--profile": where
+# each warm first call's seconds go), GPU_TESTS (pytest paths: tests),
 # PY (python3), OUT (the report folder), GPU_CHECK_WORK (scratch: caches, runs; /tmp/ember_gpu_check_work).
 set -u -o pipefail
 
@@ -155,7 +156,7 @@ main() {
   [ -f "$run_a/metrics.jsonl" ] && cp "$run_a/metrics.jsonl" "$OUT/metrics_a.jsonl"
   stage c1 75 20 $m.repeat --config llama3_tiny $REPEAT $TINY
   stage c2 75 20 $m.repeat --config llama3_tiny $REPEAT $TINY
-  stage t 90 15 $m.gpu_tests ${GPU_TESTS:-tests}
+  stage t 150 15 $m.gpu_tests ${GPU_TESTS:-tests}
   stage d 120 30 $m.moe_step $MOE
   # 125M: b1 compiles cold (its cache emptied first) and gets what is left but b2's share; b2 reuses it.
   local b1_cap=$((DEADLINE - $(date +%s)))
@@ -163,7 +164,7 @@ main() {
   case "$STAGES" in *" b1 "*) rm -rf "$WORK/inductor_125m" ;; esac
   stage b1 "$b1_cap" 30 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor_125m" \
     $m.step_compare --phase cold $B_ARGS
-  stage b2 150 10 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor_125m" $m.step_compare --phase warm $B_ARGS
+  stage b2 150 10 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor_125m" $m.step_compare --phase warm $B_ARGS ${B2_EXTRA:-}
   [ "$GPU_CHECK_MODE" = gpu ] && dmesg 2>/dev/null | grep -i -E 'xid|nvrm' | tail -5 | sed 's/^/dmesg: /'
   $PY launch/device_check/summary.py --log "$LOG" --results "$RESULTS" --out "$OUT" \
     --command "${GPU_CHECK_COMMAND:-make gpu-check}" --mode "$GPU_CHECK_MODE"

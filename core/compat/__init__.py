@@ -161,6 +161,11 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     # DTensors runs as the Python loop there, as it did before it rolled (`core/scan_rolled.py`).
     Workaround("dtensor_scan", "access", "https://github.com/pytorch/pytorch/pull/185805",
                ("2.9", "2.13"), ("2.9", "2.13", "2.15"), "tests/partition_specs/test_scan_dtensor.py"),
+    # Inductor's FX-graph cache bypasses a graph holding `scan` ("Can't cache HigherOrderOperator"; its
+    # key already holds the body): a rolled step compiled anew in every process (pytorch/pytorch#149318).
+    Workaround("scan_graph_cache", "patch", "https://github.com/pytorch/pytorch/issues/149318",
+               _TESTED_RANGE, ("2.9", "2.13", "2.15"),
+               "tests/core/test_jit_tracing.py::test_inductor_caches_no_graph_holding_scan_unless_ember_marks_it_where_gated"),
     Workaround("jax_backend_state", "access", "https://github.com/jax-ml/jax/issues/18237",
                _TESTED_RANGE, _MEASURED, "tests/core/test_checkpoint_mesh.py"),
 )}

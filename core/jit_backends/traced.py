@@ -37,6 +37,7 @@ from ..compat.inductor_batching import batched_cpu_kernels
 from ..compat.inductor_frees import frees_after_last_read
 from ..compat.inductor_isa import vec_isa_probe_memo
 from ..compat.inductor_loop_order import foreach_loop_reordering
+from ..compat.inductor_scan_cache import scan_graph_cache
 from ..compat.inductor_while_loop import while_loop_aliased_carries
 from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
@@ -178,7 +179,7 @@ class FxCompiled:
 
         patches = [("frees_after_last_read", frees_after_last_read), ("shared_subgraph", _shared_subgraphs),
                    ("foreach_loop_reordering", foreach_loop_reordering),
-                   ("while_loop_aliased_carries", while_loop_aliased_carries)]
+                   ("while_loop_aliased_carries", while_loop_aliased_carries), ("scan_graph_cache", scan_graph_cache)]
         if any(t.device.type == "cpu" for t in unique):
             # The ISA checks start first, so they run (or are remembered) while the step is traced.
             patches = [("vec_isa_probe_memo", vec_isa_probe_memo), *patches,

@@ -14,8 +14,10 @@ variant's peak memory during one step. `warm`: only the first calls, on the cach
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import os
+import pstats
 import sys
 import time
 import traceback
@@ -41,10 +43,23 @@ def _cache_files() -> int:
     return sum(len(files) for _, _, files in os.walk(root)) if root and os.path.isdir(root) else -1
 
 
-def _first_call(v: Any, phase: str) -> Dict[str, Any]:
+def _first_call(v: Any, phase: str, profile: bool = False) -> Dict[str, Any]:
+    """Seconds to the end of the first step and, on a GPU, the memory it took beyond what was held before:
+    a CUDA graph's pool is allocated then (its replays allocate nothing), so this is its transient memory.
+    `profile`: the call under cProfile, its 30 costliest functions (cumulative) printed to the log."""
+    losses, cuda = [], torch.cuda.is_available()
+    profiler = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
-    loss = float(v.step())  # host sync
-    out = {"variant": v.name, "phase": phase, "first_call_s": round(time.perf_counter() - t0, 2), "first_loss": loss}
+    if profiler:
+        profiler.enable()
+    base, peak = memory_peak(lambda: losses.append(float(v.step())), cuda=cuda)  # float(): a host sync
+    if profiler:
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(30)
+    out = {"variant": v.name, "phase": phase, "first_call_s": round(time.perf_counter() - t0, 2),
+           "first_loss": losses[0]}
+    if cuda:
+        out["first_call_transient_gib"] = round((peak - base) / GIB, 3)
     emit("compare_first_call", out)
     return out
 
@@ -81,6 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--peak-reps", type=int, default=10)
+    p.add_argument("--profile", action="store_true", help="each first call under cProfile (the log gets its top 30)")
     args, overrides = p.parse_known_args(argv)
     res: Dict[str, Any] = {"phase": args.phase, "torch": torch.__version__, "config": args.config,
                            "overrides": overrides, "cache_files_at_start": _cache_files()}
@@ -91,10 +107,15 @@ def main(argv=None) -> int:
         res.update(device=str(device), gpu=torch.cuda.get_device_name() if device.type == "cuda" else None,
                    batch=cfg.data.batch_size, seq_len=cfg.data.seq_len, init=s.init,
                    n_params=sum(x.numel() for x in tree_leaves(s.params)), first_calls={})
-        variants = []
+        variants, res["failed"] = [], {}
         for name in args.variants.split(","):
-            v = build_variant(name, s)
-            res["first_calls"][name] = _first_call(v, args.phase)
+            try:  # one variant that fails (a CUDA graph's capture, say) leaves the others' figures
+                v = build_variant(name, s)
+                res["first_calls"][name] = _first_call(v, args.phase, args.profile)
+            except Exception as e:  # noqa: BLE001 - reported on the result line, the stage fails at its end
+                res["failed"][name] = f"{type(e).__name__}: {e}"[:400]
+                traceback.print_exc()
+                continue
             if args.phase == "warm":
                 del v  # the next variant's first call and memory start from the setup alone
                 gc.collect()
@@ -118,7 +139,7 @@ def main(argv=None) -> int:
         res["error"] = f"{type(e).__name__}: {e}"[:400]
         traceback.print_exc()
     emit("compare", res)
-    return 1 if "error" in res else 0
+    return 1 if "error" in res or res.get("failed") else 0
 
 
 if __name__ == "__main__":

@@ -129,14 +129,16 @@ def figures(by_stage: Dict[str, str]) -> List[str]:
                   f"{c.get('n_params', 0) / 1e6:.1f}M params), one process, round-robin; MFU against the "
                   f"{c.get('peak_matmul', '?')} matmul peak b1 measured in its own process, "
                   f"{c.get('peak_tflops', 0):.3g} TFLOP/s{also}:", "",
-                  "| variant | first call cold s | first call warm s | median ms (IQR) | tokens/s | MFU | peak GiB |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| variant | first call cold s | first call warm s | median ms (IQR) | tokens/s | MFU | peak GiB "
+                  "| transient GiB: a step; the first call |", "|---|---|---|---|---|---|---|---|"]
+        first = {r["variant"]: r.get("first_call_transient_gib", "-") for r in b1.get("compare_first_call", [])}
         for name in dict.fromkeys([*cold, *warm]):
             s = steady.get(name)
-            perf = "- | - | - | -" if not s else (
+            perf = "- | - | - | - | -" if not s else (
                 f"{s['median_ms']:.1f} ({s['p25_ms']:.1f}-{s['p75_ms']:.1f}) | {s['tokens_per_s']:,.0f} | "
-                f"{100 * s['mfu']:.1f}% | {s['memory'].get('peak_gib', float('nan')):.2f}")
-            lines.append(f"| {name} | {cold.get(name, '-')} | {warm.get(name, '-')} | {perf} |")
+                f"{100 * s['mfu']:.1f}% | {s['memory'].get('peak_gib', float('nan')):.2f} | "
+                f"{s['memory'].get('transient_gib', float('nan')):.2f}")
+            lines.append(f"| {name} | {cold.get(name, '-')} | {warm.get(name, '-')} | {perf}; {first.get(name, '-')} |")
     moe = _last(results_in(by_stage.get("d", "")), "moe")
     if moe:
         lines += ["", f"qwen3_moe_tiny against its dense twin ({moe['dtype']}, {moe['backend']}, "

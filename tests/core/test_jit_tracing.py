@@ -109,18 +109,34 @@ _CHILD = COUNT_ISA_PROBES + textwrap.dedent("""
     from ember import optim
     from ember.core import TrainState, jit, random
     from ember.core.step_fns import train_step
-    def loss(params, batch, *, key):
-        return ((batch["x"] @ params["w"] - batch["y"]) ** 2).mean()
-    state = TrainState.create(params={"w": torch.zeros(3, 2)}, tx=optim.adamw(0.1), key=random.key(0))
+    from ember.core.transforms import scan
+    def loss(params, batch, *, key):  # a rolled loop over stacked layers, as models run theirs
+        h, _ = scan(lambda h, w: (torch.tanh(h @ w), None), batch["x"] @ params["w"], params["layers"])
+        return ((h - batch["y"]) ** 2).mean()
+    params = {"w": torch.full((3, 2), 0.1), "layers": torch.eye(2).repeat(4, 1, 1)}
+    state = TrainState.create(params=params, tx=optim.adamw(0.1), key=random.key(0))
     step = jit(train_step(loss), donate="state")
     state, m = step(state, {"x": torch.ones(4, 3), "y": torch.ones(4, 2)})
-    print(json.dumps({"loss": m["loss"].item(), "isa_probes": len(probes), **{k: v for k, v in counters["inductor"].items() if "cache" in k},
+    print(json.dumps({"loss": m["loss"].item(), "layers": state.params["layers"].flatten().tolist(),
+                      "isa_probes": len(probes), **{k: v for k, v in counters["inductor"].items() if "cache" in k},
                       **{k: v for k, v in counters["aot_autograd"].items() if "cache" in k}}))
 """)
 
 
+def test_inductor_caches_no_graph_holding_scan_unless_ember_marks_it_where_gated():
+    from torch._higher_order_ops.scan import scan_op
+
+    from ember.core.compat.inductor_scan_cache import scan_graph_cache
+
+    if measured_here("scan_graph_cache"):
+        assert scan_op.cacheable() is not gated_on("scan_graph_cache")
+    with scan_graph_cache():
+        assert scan_op.cacheable()
+
+
 @pytest.mark.slow
 def test_second_process_loads_the_compiled_step_from_the_disk_cache(tmp_path):
+    """The step holds a rolled loop: a `scan` in the graph (`compat.inductor_scan_cache`)."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
     runs = []
     for _ in range(2):
@@ -130,7 +146,7 @@ def test_second_process_loads_the_compiled_step_from_the_disk_cache(tmp_path):
     cold, warm = runs
     assert cold.get("fxgraph_cache_miss") == 1 and "fxgraph_cache_hit" not in cold, cold
     assert warm.get("fxgraph_cache_hit") == 1 and warm.get("autograd_cache_hit") == 1, warm
-    assert warm["loss"] == cold["loss"]
+    assert warm["loss"] == cold["loss"] and warm["layers"] == cold["layers"]
     memo_gated = gated_on("vec_isa_probe_memo")  # where it was measured not needed, torch remembers them
     if memo_gated or measured_here("vec_isa_probe_memo"):
         assert warm["isa_probes"] == 0, "the second process repeated Inductor's ISA checks"
