@@ -13,9 +13,10 @@ sizes symbols (pytorch/pytorch#166525).
 A body traced by `make_fx` keeps a tensor it closes over as a constant: every tensor of the trace it
 reads must come in through `init`, `xs` or `consts` (the op's `additional_inputs`); `in_the_graph` tells a
 tensor of the trace from one made while nothing was recorded (a dry run). The op's inputs may not alias: a
-tensor that shares its storage with an earlier one is copied. After the trace, `drop_unread_inputs` takes
-out of each loop the inputs its body never reads (the node's arguments are the op's private layout), and
-`hoist_invariants` computes before each loop what its body computes from its constant inputs alone.
+tensor that shares its storage with an earlier one is copied. After the trace, `constants_as_factories`
+makes a body's 0-d literals with `full`, `hoist_invariants` computes before each loop what its body computes
+from its constant inputs alone, and `drop_unread_inputs` takes out of each loop the inputs its body no longer
+reads (the node's arguments are the op's private layout).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-__all__ = ["drop_unread_inputs", "hoist_invariants", "in_the_graph", "torch_scan"]
+__all__ = ["constants_as_factories", "drop_unread_inputs", "hoist_invariants", "in_the_graph", "torch_scan"]
 
 Step = Callable[[List[torch.Tensor], List[torch.Tensor], List[torch.Tensor]],
                 Tuple[List[torch.Tensor], List[torch.Tensor]]]
@@ -204,3 +205,27 @@ def hoist_invariants(gm: torch.fx.GraphModule) -> None:
     if changed:
         gm.graph.eliminate_dead_code()
         gm.recompile()
+
+
+def constants_as_factories(gm: torch.fx.GraphModule) -> None:
+    """Make each 0-d literal a `scan` body holds (`torch.tensor(2.0)` in a step: a constant attribute and its
+    `lift_fresh_copy`) with `full` instead: AOTAutograd's functionalization before torch 2.15 refuses the
+    lifted constant of a body ("Attempting to use FunctionalTensor on its own", pytorch/pytorch#185805)."""
+    for node, body in _loops(gm):
+        constants_as_factories(body)
+        changed = False
+        for lift in [n for n in body.graph.nodes if n.target is torch.ops.aten.lift_fresh_copy.default]:
+            const = lift.args[0]
+            value = getattr(body, const.target, None) if const.op == "get_attr" else None
+            if not isinstance(value, torch.Tensor) or value.dim() != 0:
+                continue
+            with body.graph.inserting_before(lift):
+                made = body.graph.call_function(torch.ops.aten.full.default, ([], value.item()),
+                                                {"dtype": value.dtype, "device": value.device})
+            made.meta = dict(lift.meta)
+            lift.replace_all_uses_with(made)
+            body.graph.erase_node(lift)
+            changed = True
+        if changed:
+            body.graph.eliminate_dead_code()
+            body.recompile()

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..compat.inductor import compiling_in, data_dependent_errors, fake_mode, trace_fx
-from ..compat.scan import drop_unread_inputs, hoist_invariants
+from ..compat.scan import constants_as_factories, drop_unread_inputs, hoist_invariants
 from ..trace_context import ember_trace
 
 __all__ = ["DataDependentError", "trace_and_compile"]
@@ -41,8 +41,9 @@ def trace_and_compile(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
     except data_dependent_errors() as err:
         raise DataDependentError(str(err).splitlines()[0][:200]) from err
     _drop_constant_numbers(gm)
-    drop_unread_inputs(gm)
+    constants_as_factories(gm)
     hoist_invariants(gm)
+    drop_unread_inputs(gm)  # after: an input read only by what left the loop leaves it too
     if compile is None:
         return gm
     with compiling_in(mode):

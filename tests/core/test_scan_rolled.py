@@ -268,3 +268,23 @@ def test_a_loop_computes_what_its_constants_alone_determine_once_before_it():
     assert not any("aten.cos.default" in body for body in bodies), "made in every step"
     assert "aten.tanh.default" in bodies[0] and "aten.cos.default" in ops(gm.graph)
     torch.testing.assert_close(jit(step)(xs, h0, scale), step(xs, h0, scale), **TOL)
+
+
+def test_a_literal_in_a_loop_is_made_by_a_factory_not_lifted():
+    """A 0-d literal a step makes (`torch.tensor(2.0)`) is a `full` in the body, not a lifted constant: before
+    torch 2.15 AOTAutograd's functionalization refuses a body's lifted constant (the DTensor chunked loss)."""
+    xs, h0 = _stack(3), torch.randn(4, 8)
+
+    def loss(xs, h0):
+        def layer(h, x):
+            return _layer(h, x) * torch.tensor(2.0), None
+
+        return scan(layer, h0, xs)[0].pow(2).sum()
+
+    step = value_and_grad(loss, argnums=(0, 1))
+    gm = trace_and_compile(lambda w, b, h: step({"w": w, "b": b}, h), (xs["w"], xs["b"], h0))
+    bodies = [getattr(gm, n.args[0].target).graph for n in gm.graph.nodes
+              if n.op == "call_function" and str(n.target) == "scan"]
+    targets = [str(n.target) for body in bodies for n in body.nodes]
+    assert bodies and "aten.lift_fresh_copy.default" not in targets and "aten.full.default" in targets
+    torch.testing.assert_close(jit(step)(xs, h0), step(xs, h0), **TOL)
