@@ -259,6 +259,7 @@ def jit(
             tensors and return those (see the module docstring; the old values are overwritten).
         mode: `torch.compile` mode (`"max-autotune"`, ...); inductor only.
         options: Inductor config options (`{"max_autotune": True}`); inductor only; not with `mode`.
+            They override ember's own (`jit_backends.inductor.INDUCTOR_DEFAULTS`).
         deterministic: inductor only: compile with deterministic algorithms, so repeated calls on
             the same inputs give the same bits (the cost is in BENCHMARKS.md). False opts out.
         cuda_graph: inductor on a CUDA GPU only: run each compiled signature once, then capture it as

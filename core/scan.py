@@ -222,7 +222,8 @@ def rolls_in_the_graph(init: PyTree, xs: PyTree, n: int, unroll: Union[int, bool
 def xla_loop_possible(tensors: Sequence[Tensor]) -> bool:
     """Whether a loop over `tensors` can be an XLA `While` here: all on torch_xla, no DTensor, under
     no `torch.func` transform, and not inside another XLA loop's body."""
-    return (bool(tensors) and all(t.device.type == "xla" and not is_dtensor(t) for t in tensors)
+    # len, not bool: torch 2.9's Dynamo cannot trace bool() of a list (a user's torch.compile of a step)
+    return (len(tensors) > 0 and all(t.device.type == "xla" and not is_dtensor(t) for t in tensors)
             and not (here().transform or here().in_xla_loop))
 
 

@@ -37,7 +37,13 @@ from .determinism import deterministic_algorithms, determinism_error, ensure_cub
 from .donation import with_first
 from .traced import FxCompiled
 
-__all__ = ["InductorBackend", "deterministic_algorithms"]
+__all__ = ["INDUCTOR_DEFAULTS", "InductorBackend", "deterministic_algorithms"]
+
+INDUCTOR_DEFAULTS: Dict[str, Any] = {"realize_reads_threshold": 16}
+"""Inductor options every ember compile starts from; `jit(options=...)` overrides them. Inductor keeps a
+value with several users in a buffer of its own once it reads more than 4 buffers (0-d ones count), so an
+optimizer update's new moments (read by the state and by the parameter's update) were written twice:
+BENCHMARKS.md, "Why the 125M update writes its moments twice"."""
 
 
 class InductorBackend:
@@ -50,7 +56,7 @@ class InductorBackend:
         if deterministic and torch.cuda.is_available():
             ensure_cublas_workspace_config()  # before cuBLAS starts: it reads it once
         self._donate = donate
-        self._counter = CountingInductor(mode, options)
+        self._counter = CountingInductor(mode, {**INDUCTOR_DEFAULTS, **(options or {})})
         self._cuda_graph = cuda_graph  # each traced graph replayed as a CUDA graph (`cuda_graph.py`)
         self._traced = FxCompiled(entry, cuda_graphed(self._counter) if cuda_graph else self._counter)
         self._traced_local = FxCompiled(dtensor_local.local_entry(entry), self._counter)

@@ -85,10 +85,9 @@ VARIANTS: Dict[str, Callable[[Setup], Variant]] = {
     "ember_inductor_bf16_list": lambda s: _listed_variant(s, compute_dtype=torch.bfloat16),
     "ember_inductor_no_patches": lambda s: ember_variant(s, backend="inductor", patches=False),
     "ember_eager": lambda s: ember_variant(s, backend="eager"),
-    # Inductor keeps a reused value in its own buffer once it reads more than 4 buffers; the update's new moments
-    # do (0-d hyperparameters count), so they are written twice. A candidate default, measured in BENCHMARKS.md
-    "ember_inductor_realize_reads": lambda s: ember_variant(s, backend="inductor",
-                                                            options={"realize_reads_threshold": 100}),
+    # Inductor's own realize_reads_threshold (4) instead of ember's default (16): the update's new moments written
+    # twice (BENCHMARKS.md, "Why the 125M update writes its moments twice")
+    "ember_inductor_reads4": lambda s: ember_variant(s, backend="inductor", options={"realize_reads_threshold": 4}),
     "ember_inductor_bf16": lambda s: ember_variant(s, backend="inductor", compute_dtype=torch.bfloat16),
     # the donated step replayed as one CUDA graph (a CUDA GPU only): opt-in until measured to win
     "ember_inductor_cudagraph": lambda s: ember_variant(s, backend="inductor", cuda_graph=True),
