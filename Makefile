@@ -24,7 +24,7 @@ TORCH_MID ?= 2.13.0
 # keeps CI within its time on two cores.
 VERSION_TESTS ?= tests/core/test_compat.py tests/core/test_compat_inductor_batching.py \
 	tests/core/test_compat_inductor_frees.py tests/core/test_compat_gloo_all_gather.py \
-	tests/core/test_compat_inductor_loop_order.py \
+	tests/core/test_compat_inductor_loop_order.py tests/core/test_compat_inductor_transpose.py \
 	tests/core/test_remat_scan_loop.py tests/core/test_shared_call.py tests/core/test_jit_tracing.py \
 	tests/core/test_scan_rolled.py tests/core/test_trace_context.py tests/core/test_jit_inductor_defaults.py \
 	"tests/launch/test_torchrun.py::test_launcher_under_torchrun_compiles_and_matches_one_process[fsdp=2]" \

@@ -38,6 +38,7 @@ from ..compat.inductor_frees import frees_after_last_read
 from ..compat.inductor_isa import vec_isa_probe_memo
 from ..compat.inductor_loop_order import foreach_loop_reordering
 from ..compat.inductor_scan_cache import scan_graph_cache
+from ..compat.inductor_transpose import transposed_tiles_of_direct_indices
 from ..compat.inductor_while_loop import while_loop_aliased_carries
 from ..compat.shared_subgraph import shared_subgraphs
 from ..pytree import TreeSpec, tree_flatten, tree_unflatten
@@ -184,6 +185,7 @@ class FxCompiled:
             # The ISA checks start first, so they run (or are remembered) while the step is traced.
             patches = [("vec_isa_probe_memo", vec_isa_probe_memo), *patches,
                        ("cpp_kernel_batching", batched_cpu_kernels),
+                       ("cpp_transpose_indirect_index", transposed_tiles_of_direct_indices),
                        ("gloo_all_gather_out", gloo_all_gather_out)]  # DTensor steps over gloo
         try:
             compiled = compiling_with(patches, trace_then_compile,
