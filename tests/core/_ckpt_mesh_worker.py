@@ -22,6 +22,9 @@ import traceback
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: _processes
+from _processes import end_gloo_rank  # noqa: E402
+
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16)
 BATCH, SEQ = 8, 16
 PROBE = "blocks.mlp.gate.weight"  # its local shard shape shows the restored layout (layers stacked first)
@@ -129,12 +132,10 @@ def _dtensor(rank: int, world: int, out: str, single_dir: str, multi_dir: str) -
         results["odd_s"] = _save_odd(out)
     except Exception:
         results["error"] = traceback.format_exc()[-4000:]
-    finally:
-        if rank == 0:
-            with open(os.path.join(out, "dtensor.json"), "w") as f:
-                json.dump(results, f, indent=1)
-        dist.barrier()
-        dist.destroy_process_group()
+    if rank == 0:
+        with open(os.path.join(out, "dtensor.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    end_gloo_rank()
 
 
 def _process_bytes(item: str) -> dict:

@@ -23,6 +23,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: _processes
+from _processes import end_gloo_rank  # noqa: E402
+
 SHAPES = [(320, 96), (96,), (192, 96), (64, 96), (64, 96), (96, 96), (96,), (512, 96)]  # a small Llama's
 
 
@@ -95,9 +98,6 @@ if __name__ == "__main__":
         repro(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
         run_jit(int(sys.argv[2]), sys.argv[3])
-    dist.barrier()
+    dist.barrier()  # every rank's work is done
     print("WORKER_OK", dist.get_rank(), flush=True)
-    # No teardown: tearing down this one-thread group at exit now and then ends in "terminate called
-    # without an active exception" (SIGABRT after all the work is done), which would read as the bug.
-    sys.stderr.flush()
-    os._exit(0)
+    end_gloo_rank()

@@ -12,6 +12,8 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: _processes
+from _processes import end_gloo_rank  # noqa: E402
 
 
 CASES = {"eager": 2, "compiled": 2, "eager, two stages a process": 4}  # name -> stages (4 layers, 4 microbatches)
@@ -31,37 +33,34 @@ def _worker(rank: int, out: str) -> None:
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("pp",))
     counts = {"all_to_alls": 0, "all_gathers": 0}
     results = {}
-    try:
-        for case, stages in CASES.items():
-            try:
-                params, x = T.stack(4), torch.randn(8, T.D, dtype=torch.float64,
-                                                    generator=torch.Generator().manual_seed(1))
-                dparams = {k: distribute_tensor(v, mesh, [Shard(0)]).requires_grad_() for k, v in params.items()}
-                dx = distribute_tensor(x, mesh, [Replicate()]).requires_grad_()
+    for case, stages in CASES.items():
+        try:
+            params, x = T.stack(4), torch.randn(8, T.D, dtype=torch.float64,
+                                                generator=torch.Generator().manual_seed(1))
+            dparams = {k: distribute_tensor(v, mesh, [Shard(0)]).requires_grad_() for k, v in params.items()}
+            dx = distribute_tensor(x, mesh, [Replicate()]).requires_grad_()
 
-                def fn(p, h, stages=stages):
-                    return pipeline(T.layer, p, h, stages=stages, microbatches=4).square().mean()
+            def fn(p, h, stages=stages):
+                return pipeline(T.layer, p, h, stages=stages, microbatches=4).square().mean()
 
-                step = torch.compile(fn, backend="inductor") if case.startswith("compiled") else fn
-                with CommDebugMode() as comm:  # functional collectives, dispatched eagerly or traced
-                    loss = step(dparams, dx)
-                    grads = torch.autograd.grad(loss, [dparams["w"], dparams["b"], dx])
-                for op, n in comm.get_comm_counts().items():
-                    name = str(op)
-                    counts["all_to_alls"] += n if "all_to_all_single" in name else 0
-                    counts["all_gathers"] += n if "all_gather" in name else 0
-                whole = [g.full_tensor() for g in grads]
-                results[case] = {"loss_and_grads": [loss.full_tensor().tolist()] + [g.tolist() for g in whole],
-                                 "local_w": list(dparams["w"].to_local().shape), **counts}
-            except Exception:
-                results[case] = {"error": traceback.format_exc()[-4000:]}
-            counts.update(all_to_alls=0, all_gathers=0)
-        if rank == 0:
-            with open(os.path.join(out, "results.json"), "w") as f:
-                json.dump(results, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+            step = torch.compile(fn, backend="inductor") if case.startswith("compiled") else fn
+            with CommDebugMode() as comm:  # functional collectives, dispatched eagerly or traced
+                loss = step(dparams, dx)
+                grads = torch.autograd.grad(loss, [dparams["w"], dparams["b"], dx])
+            for op, n in comm.get_comm_counts().items():
+                name = str(op)
+                counts["all_to_alls"] += n if "all_to_all_single" in name else 0
+                counts["all_gathers"] += n if "all_gather" in name else 0
+            whole = [g.full_tensor() for g in grads]
+            results[case] = {"loss_and_grads": [loss.full_tensor().tolist()] + [g.tolist() for g in whole],
+                             "local_w": list(dparams["w"].to_local().shape), **counts}
+        except Exception:
+            results[case] = {"error": traceback.format_exc()[-4000:]}
+        counts.update(all_to_alls=0, all_gathers=0)
+    if rank == 0:
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(results, f)
+    end_gloo_rank()
 
 
 def main() -> None:

@@ -25,6 +25,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: _processes
+from _processes import end_gloo_rank  # noqa: E402
+
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16)
 BATCH, SEQ, STEPS = 8, 16, 10
 
@@ -192,22 +195,17 @@ def _worker(rank: int, world: int, out: str, meshes: list, steps: int, compiled:
     store = dist.FileStore(os.path.join(out, "store"), world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     results = {}
-    try:
-        for text in meshes:
-            start = time.perf_counter()
-            try:
-                results[text] = _run_mesh(text, world, steps, compiled, out)
-            except Exception:  # report every mesh, not only the first failure
-                results[text] = {"error": traceback.format_exc()[-4000:]}
-            results[text]["wall_s"] = time.perf_counter() - start
-        if rank == 0:
-            with open(os.path.join(out, "results.json"), "w") as f:
-                json.dump(results, f, indent=1)
-        # Every rank's collectives finish before the group goes: once in CI, rank 1 aborted at exit
-        # ("terminate called without an active exception") after all results were written.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    for text in meshes:
+        start = time.perf_counter()
+        try:
+            results[text] = _run_mesh(text, world, steps, compiled, out)
+        except Exception:  # report every mesh, not only the first failure
+            results[text] = {"error": traceback.format_exc()[-4000:]}
+        results[text]["wall_s"] = time.perf_counter() - start
+    if rank == 0:
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    end_gloo_rank()
 
 
 def main(argv=None) -> None:
