@@ -39,6 +39,7 @@ from ...core.pytree import tree_map_with_path
 from ...core.step_fns import StatisticLeaves
 from ...core.types import Key, Params, PyTree
 from . import initializers as inits
+from .moe_dispatch import one_hot
 from .module import Module
 from .param import Param
 
@@ -150,7 +151,7 @@ class Router(Module):
             grouped = choice.view(N, G, E // G)
             group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
             picked = torch.topk(group_scores, self.topk_groups, dim=-1).indices  # (N, topk_groups)
-            allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter(1, picked, True)  # (N, G)
+            allowed = one_hot(picked, G, torch.bool).any(1)  # (N, G); a scatter into zeros broke torch 2.9's Inductor
             allowed = allowed.unsqueeze(-1).expand(N, G, E // G).reshape(N, E)
             choice = choice.masked_fill(~allowed, float("-inf"))
         return torch.topk(choice, self.top_k, dim=-1).indices  # (N, k)
