@@ -138,11 +138,11 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     Workaround("grouped_mm_float32", "access", "https://github.com/pytorch/pytorch/pull/162059",
                ("2.9", "2.14"), _MEASURED,
                f"{_TESTS}::test_grouped_mm_float32_traces_exactly_outside_its_gate"),
-    # DTensor on 2.9 refuses to fold (B, T) with T split into a matmul's rows ("Attempted to flatten
-    # multiple dimensions"), the first Linear of a context-parallel step; 2.13 and 2.15 fold it as a
-    # strided shard (pytorch/pytorch#166483). 2.10 to 2.12 unmeasured.
+    # DTensor on 2.9 to 2.11 refuses to fold (B, T) with T split into a matmul's rows ("Attempted to flatten
+    # multiple dimensions"), the first Linear of a context-parallel step; 2.12 on fold it as a strided shard
+    # (pytorch/pytorch#166483; measured on every release from 2.9 to 2.15 but 2.14).
     Workaround("dtensor_sequence_fold", "refusal", "https://github.com/pytorch/pytorch/pull/166483",
-               ("2.9", "2.9"), ("2.9", "2.13", "2.15"),
+               ("2.9", "2.11"), ("2.9", "2.10", "2.11", "2.12", "2.13", "2.15"),
                f"{_TESTS}::test_dtensor_folds_a_split_sequence_exactly_outside_its_gate"),
     # orbax-checkpoint 0.12.8 closes the event loop of each synchronous call with reads still in flight
     # after one failed (tracebacks from `launch/ckpt.py list` of a damaged step, about half the runs).

@@ -11,8 +11,8 @@ attention), then calls `dot_product_attention`, which picks how to compute `soft
       to their last query only, so the masked kernel skips the upper triangle as `is_causal` does;
     - explicitly (scores, softmax in float32, keyed dropout, @ v) when attention-probability dropout
       is on: the fused kernel's dropout draws from the global RNG, which ember never uses;
-    - on each process's shard when DTensor queries split by batch or heads meet a mask (DTensor places
-      no mask given to the fused kernel): the same kernel on the local tensors, the mask laid out to match;
+    - on each process's shard when DTensor queries are split by batch or heads: the same kernel on the
+      local tensors, a mask laid out to match (DTensor places no mask given to the fused kernel);
     - explicitly when the active sharding needs it and the DTensors are not seen (inside a `torch.func`
       transform: `explicit_attention_required`; it raises when a mask or dropout meets split heads);
     - across processes when the active layout splits the sequence (context parallelism, the rule
@@ -149,7 +149,7 @@ def dot_product_attention(
     mask = attention_mask(T, causal=causal, segment_ids=segment_ids, padding_mask=padding_mask, window=window,
                           device=q.device)
     explicit = dropout > 0.0 and key is not None
-    if not explicit and mask is not None:
+    if not explicit:
         on_shards = _fused_on_shards(q, k, v, mask, causal=causal, scale=scale)
         if on_shards is not None:
             return on_shards
@@ -170,12 +170,13 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], *, causal: b
                                           scale=scale)  # (B, H, T, D)
 
 
-def _fused_on_shards(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, causal: bool,
+def _fused_on_shards(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], *, causal: bool,
                      scale: Optional[float]) -> Optional[Tensor]:
-    """The fused kernel with a mask on each process's shard of DTensor queries, keys and values split by
-    batch or heads (DTensor places no mask given to the kernel); the mask is laid out as the shard reads it
-    (by batch where it has one, else whole). None where they are not DTensors seen here (inside a
-    `torch.func` transform) or are split otherwise."""
+    """The fused kernel on each process's shard of DTensor queries, keys and values split by batch or heads:
+    DTensor places no mask given to the kernel, and before torch 2.12 its rules refused the math kernel's
+    fold of batch and heads split together (latent attention's unequal head sizes on a CPU). A mask is laid
+    out as the shard reads it (by batch where it has one, else whole). None where they are not DTensors seen
+    here (inside a `torch.func` transform) or are split otherwise."""
     if type(q) is Tensor:
         return None
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -187,7 +188,7 @@ def _fused_on_shards(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, causal: b
     if isinstance(mask, DTensor):
         by_batch = [Shard(0) if p == Shard(0) and mask.shape[0] > 1 else Replicate() for p in q.placements]
         mask = mask.redistribute(q.device_mesh, by_batch).to_local()
-    elif mask.shape[0] > 1 and Shard(0) in q.placements:
+    elif mask is not None and mask.shape[0] > 1 and Shard(0) in q.placements:
         return None
     out = _fused(q.to_local(), k.to_local(), v.to_local(), mask, causal=causal, scale=scale)  # (B', H', T, Dv)
     return DTensor.from_local(out, q.device_mesh, q.placements, run_check=False)
