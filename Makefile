@@ -28,7 +28,8 @@ VERSION_TESTS ?= tests/core/test_compat.py tests/core/test_compat_inductor_batch
 	tests/core/test_remat_scan_loop.py tests/core/test_shared_call.py tests/core/test_jit_tracing.py \
 	tests/core/test_scan_rolled.py tests/core/test_trace_context.py tests/core/test_jit_inductor_defaults.py \
 	"tests/launch/test_torchrun.py::test_launcher_under_torchrun_compiles_and_matches_one_process[fsdp=2]" \
-	tests/partition_specs/test_moe_dtensor.py tests/partition_specs/test_latent_attention_dtensor.py tests/test_wheel.py \
+	tests/partition_specs/test_moe_dtensor.py tests/partition_specs/test_latent_attention_dtensor.py \
+	tests/partition_specs/test_scan_dtensor.py tests/test_wheel.py \
 	tests/core/test_autograd_grad.py tests/models/test_bridge_checkpointing.py tests/test_xdist_grouping.py \
 	"tests/step_fns/test_mesh_parity.py::test_dtensor_mesh_matches_one_device" \
 	"tests/models/test_remat_scan.py::test_policies_and_scan_match_unrolled_inductor[deepseek_v3]"

@@ -344,7 +344,7 @@ def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], in
             for a, b in zip(new_leaves, carry_tree.leaves)):
         return None  # the Python loop names the mismatch
     if gated_on("dtensor_scan") and any(map(is_dtensor, (*carry, *x_leaves, *k_leaves, *new_leaves))):
-        return None  # torch before 2.15 (`compat.WORKAROUNDS`), decided before any DTensor is made below
+        return None  # torch 2.9 and 2.10 (`compat.WORKAROUNDS`), decided before any DTensor is made below
     # a plain carry the step makes a DTensor (a mixture's router statistics summed over the batch's shards)
     # enters as the DTensor it becomes: the same on every process, placed as the step places it
     new_tensors = [v for v in new_leaves if isinstance(v, Tensor)]
@@ -367,7 +367,7 @@ def rolled_scan(f: Callable[[PyTree, PyTree, PyTree], Tuple[PyTree, PyTree]], in
     shards = None
     if any(layouts) or any(y_layouts):
         shards = _sharded(layouts, y_layouts, len(carry), len(x_leaves), length)
-        if shards is None or gated_on("dtensor_scan"):  # torch before 2.15: `compat.WORKAROUNDS`
+        if shards is None or gated_on("dtensor_scan"):  # torch 2.9 and 2.10: `compat.WORKAROUNDS`
             return None
     y_meta = [(v.shape, v.dtype) for v in y_local]
     plan = _Plan(f, carry_tree, xs_tree, consts_tree, closures, length, reverse, y_meta, policy)

@@ -155,15 +155,15 @@ WORKAROUNDS: Dict[str, Workaround] = {w.name: w for w in (
     # realize the copy (pytorch/pytorch#164955).
     Workaround("while_loop_aliased_carries", "patch", "https://github.com/pytorch/pytorch/pull/164955",
                ("2.9", "2.9"), ("2.9", "2.10", "2.13", "2.15"), "tests/core/test_compat_inductor_while_loop.py"),
-    # AOTAutograd's functionalization before 2.15 fails on a `scan` body holding a literal tensor constant
-    # ("Attempting to use FunctionalTensor on its own" at its `lift_fresh_copy`; the body of a DTensor step's
-    # chunked loss, measured on 2.9 and 2.13; 2.15 compiles it; nearest upstream fix: #185805): a loop over
-    # DTensors runs as the Python loop there, as it did before it rolled (`core/scan_rolled.py`). With the body's
-    # literals made by `full` (`compat.scan.constants_as_factories`), 2.13 rolled the DTensor suites (scan,
-    # matrix, MoE, pipeline, context parallel, latent attention, the chunked loss; 2026-12-04); 2.9's 4-process
-    # pipeline did not finish in 23 min and 2.10-2.12 are unmeasured: the range stays until they are measured.
+    # A loop over DTensors runs as the Python loop on 2.9 and 2.10, as it did before it rolled
+    # (`core/scan_rolled.py`): rolled, 2.10 gave a batch-split stack wrong numbers (test_scan_dtensor's
+    # `batch_split`, error 0.9) and 2.9's 4-process pipeline did not finish in 23 min. With a body's literals
+    # made by `full` (`compat.scan.constants_as_factories`: AOTAutograd before 2.15 refused a body's literal
+    # constant, #185805), 2.11, 2.12 and 2.13 roll the DTensor suites (scan, matrix, MoE, pipeline, context
+    # parallel, latent attention, the chunked loss; 2026-12-04 and 12-05); 2.15 needs neither.
     Workaround("dtensor_scan", "access", "https://github.com/pytorch/pytorch/pull/185805",
-               ("2.9", "2.13"), ("2.9", "2.13", "2.15"), "tests/partition_specs/test_scan_dtensor.py"),
+               ("2.9", "2.10"), ("2.9", "2.10", "2.11", "2.12", "2.13", "2.15"),
+               "tests/partition_specs/test_scan_dtensor.py"),
     # Inductor's FX-graph cache bypasses a graph holding `scan` ("Can't cache HigherOrderOperator"; its
     # key already holds the body): a rolled step compiled anew in every process (pytorch/pytorch#149318).
     Workaround("scan_graph_cache", "patch", "https://github.com/pytorch/pytorch/issues/149318",

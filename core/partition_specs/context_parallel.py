@@ -73,7 +73,7 @@ def check_dtensor_can_split_sequences() -> None:
     refuse_where_gated("dtensor_sequence_fold", (
         f"context parallelism on DTensor needs a torch whose DTensor folds a sequence split across processes "
         f"into a matmul's rows (torch {torch.__version__} refuses: pytorch/pytorch#166483); upgrade torch to "
-        f"2.13 or newer, or run cp under torch_xla (launch/tpu_pod.py)."))
+        f"2.12 or newer, or run cp under torch_xla (launch/tpu_pod.py)."))
 
 
 def sequence_split(sharding: Optional[Sharding] = None) -> Tuple[str, ...]:

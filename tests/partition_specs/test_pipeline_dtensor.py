@@ -21,6 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _pipeline_dtensor_worker as W  # noqa: E402
 from _gloo_runs import one_device, run_worlds  # noqa: E402
 
+from ember.core.compat import gated_on  # noqa: E402
+
 pytestmark = pytest.mark.xdist_group("pipeline_dtensor")  # one worker runs the module: its fixtures run once
 ATOL = 1e-5
 CASES = [(world, name) for world, cases in W.CASES.items() for name in cases]
@@ -40,6 +42,8 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("world,case", CASES)
 def test_pp2_step_equals_one_device_on_every_process(runs, reference, world, case):
     mesh, *_, model, _ = W.CASES[world][case]
+    if "cp" in mesh and gated_on("dtensor_sequence_fold"):
+        pytest.skip("context parallelism refuses on this torch (dtensor_sequence_fold)")
     want = reference[model]
     for rank in range(world):
         res = runs[world, rank][case]

@@ -1,7 +1,7 @@
 """`scan` and `remat_scan` over DTensors compiled by ember's `jit` (2 gloo processes): one `scan` node each way
 in the step's graph whatever the depth, the layers' collectives inside the loop's body, one device's gradients
-on every process, the same bits twice; where dim 0 of the stack is split (no local slice), and on torch before
-2.15 (`compat` entry `dtensor_scan`, where this module is skipped), the Python loop."""
+on every process, the same bits twice; where dim 0 of the stack is split (no local slice), and on torch 2.9 and
+2.10 (`compat` entry `dtensor_scan`, where this module is skipped), the Python loop."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from _gloo_runs import run_worlds  # noqa: E402
 from ember.core.compat import gated_on  # noqa: E402
 
 pytestmark = [pytest.mark.xdist_group("scan_dtensor"),  # one worker runs the module: its processes start once
-              pytest.mark.skipif(gated_on("dtensor_scan"), reason="DTensor loops run unrolled before torch 2.15 "
+              pytest.mark.skipif(gated_on("dtensor_scan"), reason="DTensor loops run unrolled on torch 2.9, 2.10 "
                                  "(compat entry dtensor_scan); the mesh parity tests check that path")]
 
 
