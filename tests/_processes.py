@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 
 
 def run_in_own_group(command: list, *, timeout: float, **popen_kwargs) -> subprocess.CompletedProcess:
@@ -28,8 +29,6 @@ def end_gloo_rank() -> None:
     without tearing the group down. Tearing a gloo group down at exit now and then aborts a rank
     ("terminate called without an active exception", SIGABRT; in CI after every result was written, once
     after a barrier and `destroy_process_group`), which would read as a failure of the code under test."""
-    import sys
-
     import torch.distributed as dist
 
     dist.barrier()
