@@ -36,6 +36,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from .compat.functorch import functorch_base
 from .compat.xla_loop import xla_fold
 from .local_shards import is_dtensor
 from .pytree import keystr, tree_flatten, tree_flatten_with_path, tree_map, tree_unflatten
@@ -83,10 +84,11 @@ def _unstack(tree: PyTree, n: int) -> List[PyTree]:
 
 def _slices(leaf: Optional[Tensor], n: int) -> Sequence[Optional[Tensor]]:
     """`leaf`'s n slices along dim 0 by `unbind`, whose gradient is one stack (n `select`s' are n zero-filled leaves
-    summed). A DTensor is selected: torch 2.9's DTensor has no rule for `unbind` (a DTensor's microbatches)."""
+    summed). A DTensor, bare or under a `torch.func` transform's wrapper, is selected: torch 2.9's DTensor has no
+    rule for `unbind` (a DTensor's microbatches)."""
     if leaf is None:
         return (None,) * n
-    return [leaf[i] for i in range(n)] if is_dtensor(leaf) else leaf.unbind(0)
+    return [leaf[i] for i in range(n)] if is_dtensor(functorch_base(leaf)) else leaf.unbind(0)
 
 
 def _leaf_signature(v: Any) -> Any:
