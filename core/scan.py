@@ -78,17 +78,18 @@ def _leading_dim(tree: PyTree, *, what: str) -> Optional[int]:
 
 def _unstack(tree: PyTree, n: int) -> List[PyTree]:
     leaves, spec = tree_flatten(tree)
-    slices = [_slices(leaf, n) for leaf in leaves]
+    wrapped = here().transform  # a leaf may be a DTensor under a torch.func transform's wrapper
+    slices = [_slices(leaf, n, wrapped) for leaf in leaves]
     return [tree_unflatten([s[i] for s in slices], spec) for i in range(n)]
 
 
-def _slices(leaf: Optional[Tensor], n: int) -> Sequence[Optional[Tensor]]:
+def _slices(leaf: Optional[Tensor], n: int, wrapped: bool) -> Sequence[Optional[Tensor]]:
     """`leaf`'s n slices along dim 0 by `unbind`, whose gradient is one stack (n `select`s' are n zero-filled leaves
     summed). A DTensor, bare or under a `torch.func` transform's wrapper, is selected: torch 2.9's DTensor has no
     rule for `unbind` (a DTensor's microbatches)."""
     if leaf is None:
         return (None,) * n
-    return [leaf[i] for i in range(n)] if is_dtensor(functorch_base(leaf)) else leaf.unbind(0)
+    return [leaf[i] for i in range(n)] if is_dtensor(functorch_base(leaf) if wrapped else leaf) else leaf.unbind(0)
 
 
 def _leaf_signature(v: Any) -> Any:
