@@ -24,7 +24,8 @@ Public names, by module:
   `scale_by_adam`, `ScaleByAdamState` (adam); `trace`, `TraceState`, `ema`, `EmaState`
   (momentum); `scale_by_lion`, `ScaleByLionState` (lion); `scale_by_factored_rms`,
   `ScaleByFactoredRmsState`, `scale_by_param_block_rms` (adafactor).
-- `multi_steps`, `MultiSteps`, `MultiStepsState` (gradient accumulation); `apply_if_finite`,
+- `partition`, `PartitionState` (parameter groups, each its own transformation);
+  `multi_steps`, `MultiSteps`, `MultiStepsState` (gradient accumulation); `apply_if_finite`,
   `ApplyIfFiniteState` (skip non-finite gradients); `global_norm` (clipping).
 - aliases: `adamw`, `adam`, `sgd`, `lion`, `adafactor`; config: `OptimConfig`, `from_config`,
   `schedule_from_config`.
@@ -91,6 +92,8 @@ from .scaling import ScaleByScheduleState as ScaleByScheduleState
 from .scaling import scale as scale
 from .scaling import scale_by_learning_rate as scale_by_learning_rate
 from .scaling import scale_by_schedule as scale_by_schedule
+from .partition import PartitionState as PartitionState
+from .partition import partition as partition
 from .schedules import constant_schedule as constant_schedule
 from .schedules import cosine_decay_schedule as cosine_decay_schedule
 from .schedules import join_schedules as join_schedules
@@ -110,6 +113,7 @@ __all__ = [
     "MultiSteps",
     "MultiStepsState",
     "OptimConfig",
+    "PartitionState",
     "ScalarOrSchedule",
     "ScaleByAdamState",
     "ScaleByFactoredRmsState",
@@ -141,6 +145,7 @@ __all__ = [
     "lion",
     "masked",
     "multi_steps",
+    "partition",
     "polynomial_schedule",
     "scale",
     "scale_by_adam",

@@ -27,9 +27,10 @@ _GROUPS: Tuple[Tuple[str, str], ...] = (
     ("zero_nans skip_not_finite skip_large_updates",
      "ember.optim handles non-finite gradients with apply_if_finite(inner, max_consecutive_errors), which skips "
      "the update of a step whose gradients are not finite"),
-    ("multi_transform partition freeze set_to_zero selective_transform",
-     "ember.optim selects parameters with masked(inner, mask) (a pytree of bools, or a function of the params); "
-     "decay_mask is the usual weight-decay mask"),
+    ("multi_transform", "ember.optim's is partition(transforms, param_labels), optax's newer name for it"),
+    ("freeze set_to_zero selective_transform",
+     "ember.optim freezes or selects parameters with partition({'train': tx, 'frozen': scale(0.0)}, labels) or "
+     "masked(inner, mask) (a pytree of bools, or a function of the params)"),
     ("apply_every", "ember.optim accumulates gradients with multi_steps / MultiSteps(inner, every_k_schedule)"),
     ("inject_stateful_hyperparams", "ember.optim's is inject_hyperparams (set_hyperparams changes a value)"),
     ("named_chain lookahead", "ember.optim composes transformations with chain"),

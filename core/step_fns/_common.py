@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -103,11 +103,17 @@ def check_token_loss(loss: TokenLoss) -> None:
         )
 
 
-def find_learning_rate(opt_state: Any) -> Optional[Tensor]:
-    """The first leaf whose dotted path ends with `hyperparams.learning_rate`, or None."""
+def learning_rates(opt_state: Any) -> Dict[str, Tensor]:
+    """The step's learning rates: `lr`, the first leaf whose dotted path ends with `hyperparams.learning_rate`,
+    and `lr/<label>` for each such leaf inside a parameter group (under `inner_states.<label>`, `partition`'s)."""
+    found: Dict[str, Tensor] = {}
     for path, leaf in tree_leaves_with_path(opt_state):
-        if isinstance(leaf, Tensor) and (
-            path == "hyperparams.learning_rate" or path.endswith(".hyperparams.learning_rate")
-        ):
-            return leaf.detach().to(torch.float32)
-    return None
+        if not isinstance(leaf, Tensor) or not (
+                path == "hyperparams.learning_rate" or path.endswith(".hyperparams.learning_rate")):
+            continue
+        leaf = leaf.detach().to(torch.float32)
+        found.setdefault("lr", leaf)
+        parts = path.split(".")
+        if "inner_states" in parts[:-1]:
+            found.setdefault("lr/" + parts[parts.index("inner_states") + 1], leaf)
+    return found

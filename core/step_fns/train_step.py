@@ -23,7 +23,7 @@ from ..tree_math import apply_updates, global_norm, tree_cast, tree_scale, tree_
 from ..types import Batch, Key, Metrics, Params
 from ..protocols import GradientTransformation, check_gradient_transformation
 from .statistic_leaves import NO_STATISTICS, statistic_leaves_of
-from ._common import RESERVED_METRICS, check_builder_args, check_state, find_learning_rate, split_loss_output
+from ._common import RESERVED_METRICS, check_builder_args, check_state, learning_rates, split_loss_output
 from .token_loss import TokenLoss
 __all__ = ["train_step"]
 
@@ -156,7 +156,8 @@ def train_step(
         count of valid tokens in the step, for a `TokenLoss`), `grad_norm` (global L2 norm of the
         accumulated gradients), `update_norm` (global norm of the update actually applied: 0 for a skipped
         step), `lr` (the first leaf of the new `opt_state` whose path ends in
-        `hyperparams.learning_rate`, as ember.optim aliases have; absent otherwise), `skipped`
+        `hyperparams.learning_rate`, as ember.optim aliases have; absent otherwise; with parameter
+        groups, `optim.partition`'s, also `lr/<label>` per group), `skipped`
         (float32 1.0 if this step was skipped, else 0.0), then the aux metrics (float32).
 
     Args:
@@ -290,9 +291,7 @@ def train_step(
         if tokens is not None:
             metrics["tokens"] = tokens
         metrics.update(grad_norm=grad_norm, update_norm=update_norm)
-        lr = find_learning_rate(new_opt_state)
-        if lr is not None:
-            metrics["lr"] = lr
+        metrics.update(learning_rates(new_opt_state))
         metrics["skipped"] = skipped
         metrics.update(aux)
         return new_state, metrics

@@ -13,6 +13,7 @@ import torch
 from optim_testlib import max_abs_diff, mlp_grad, mlp_params, run_steps
 
 from ember import optim
+from ember.core import pytree
 
 jax = pytest.importorskip("jax", reason="optax parity needs jax (pip install -e .[test])")
 jnp = pytest.importorskip("jax.numpy")
@@ -26,6 +27,13 @@ CLIP = 0.15  # the initial global grad norm is about 0.21, so clipping is active
 
 def _optax_decay_mask(params):
     return jax.tree.map(lambda x: x.ndim >= 2, params)
+
+
+LAYER_LABELS = {"l1": {"w": "adamw", "b": "adamw"}, "l2": {"w": "sgd", "b": "sgd"}}  # a tree of labels
+
+
+def _by_rank(params):  # a function of the params: matrices to one group, vectors to the other
+    return jax.tree.map(lambda x: "matrix" if x.ndim == 2 else "vector", params)
 
 
 OPTAX_PARITY_CASES = [  # (id, ember factory, optax factory)
@@ -43,6 +51,37 @@ OPTAX_PARITY_CASES = [  # (id, ember factory, optax factory)
                 optax.warmup_cosine_decay_schedule(**SCHED),
                 weight_decay=0.1,
                 mask=_optax_decay_mask,
+            ),
+        ),
+    ),
+    (
+        "partition_adamw_sgd_by_tree",
+        lambda: optim.partition(
+            {"adamw": optim.adamw(1e-2, weight_decay=0.1), "sgd": optim.sgd(5e-2, momentum=0.9)}, LAYER_LABELS
+        ),
+        lambda: optax.partition(
+            {"adamw": optax.inject_hyperparams(optax.adamw)(1e-2, weight_decay=0.1),
+             "sgd": optax.inject_hyperparams(optax.sgd)(5e-2, momentum=0.9)},
+            LAYER_LABELS,
+        ),
+    ),
+    (
+        "clip_partition_by_function_in_chain",
+        lambda: optim.chain(
+            optim.clip_by_global_norm(CLIP),
+            optim.partition(
+                {"matrix": optim.adamw(optim.warmup_cosine_decay_schedule(**SCHED), weight_decay=0.1),
+                 "vector": optim.sgd(1e-2)},
+                lambda p: pytree.tree_map(lambda x: "matrix" if x.ndim == 2 else "vector", p),
+            ),
+        ),
+        lambda: optax.chain(
+            optax.clip_by_global_norm(CLIP),
+            optax.partition(
+                {"matrix": optax.inject_hyperparams(optax.adamw)(
+                    optax.warmup_cosine_decay_schedule(**SCHED), weight_decay=0.1),
+                 "vector": optax.inject_hyperparams(optax.sgd)(1e-2)},
+                _by_rank,
             ),
         ),
     ),
