@@ -18,7 +18,8 @@ Public names, by module:
 - hyperparams: `inject_hyperparams`, `InjectHyperparamsState`, `set_hyperparams`,
   `get_hyperparams`.
 - schedules: `constant_schedule`, `linear_schedule`, `polynomial_schedule`,
-  `cosine_decay_schedule`, `warmup_cosine_decay_schedule`, `join_schedules`.
+  `cosine_decay_schedule`, `warmup_cosine_decay_schedule`, `join_schedules`,
+  `warmup_constant_schedule`, `warmup_stable_decay_schedule`.
 - building blocks: `clip_by_global_norm`, `clip_by_block_rms` (clipping); `masked`, `MaskedState`,
   `decay_mask` (masking); `add_decayed_weights` (weight_decay); `scale`, `scale_by_learning_rate`, `scale_by_schedule`, `ScaleByScheduleState` (scaling);
   `scale_by_adam`, `ScaleByAdamState` (adam); `trace`, `TraceState`, `ema`, `EmaState`
@@ -99,7 +100,9 @@ from .schedules import cosine_decay_schedule as cosine_decay_schedule
 from .schedules import join_schedules as join_schedules
 from .schedules import linear_schedule as linear_schedule
 from .schedules import polynomial_schedule as polynomial_schedule
+from .schedules import warmup_constant_schedule as warmup_constant_schedule
 from .schedules import warmup_cosine_decay_schedule as warmup_cosine_decay_schedule
+from .schedules import warmup_stable_decay_schedule as warmup_stable_decay_schedule
 from .weight_decay import add_decayed_weights as add_decayed_weights
 
 __all__ = [
@@ -159,7 +162,9 @@ __all__ = [
     "sgd",
     "stateless",
     "trace",
+    "warmup_constant_schedule",
     "warmup_cosine_decay_schedule",
+    "warmup_stable_decay_schedule",
 ]
 
 _REMOVED = ("balance_experts", "sign_of_load", "expert_bias_mask")

@@ -11,14 +11,11 @@ from typing import Dict, Sequence, Tuple
 
 _OPTIMIZERS = "ember's optimizers are adamw, adam, sgd, lion and adafactor (or chain(...) its building blocks)"
 _SCHEDULES = ("ember's schedules are constant_schedule, linear_schedule, polynomial_schedule, cosine_decay_schedule, "
-              "warmup_cosine_decay_schedule and join_schedules")
+              "warmup_cosine_decay_schedule, warmup_constant_schedule, warmup_stable_decay_schedule and join_schedules")
 _GROUPS: Tuple[Tuple[str, str], ...] = (
     ("adabelief adadelta adagrad adamax adamaxw adan amsgrad fromage lamb lars lbfgs nadam nadamw noisy_sgd novograd "
      "optimistic_adam optimistic_adam_v2 optimistic_gradient_descent polyak_sgd radam rmsprop rprop sign_sgd signum "
      "sm3 yogi", f"an optimizer ember.optim does not have yet; {_OPTIMIZERS}"),
-    ("warmup_constant_schedule",
-     f"a schedule ember.optim does not have; the same: join_schedules([linear_schedule(0.0, peak, warmup_steps), "
-     f"constant_schedule(peak)], [warmup_steps]); {_SCHEDULES}"),
     ("exponential_decay piecewise_constant_schedule piecewise_interpolate_schedule cosine_onecycle_schedule "
      "linear_onecycle_schedule sgdr_schedule warmup_exponential_decay_schedule",
      f"a schedule ember.optim does not have; {_SCHEDULES} (a schedule is any function of the step count)"),

@@ -25,7 +25,8 @@ from .clipping import clip_by_global_norm
 from .combining import chain
 from .hyperparams import inject_hyperparams
 from .masking import decay_mask
-from .schedules import constant_schedule, cosine_decay_schedule, warmup_cosine_decay_schedule
+from .schedules import (constant_schedule, cosine_decay_schedule, warmup_cosine_decay_schedule,
+                        warmup_stable_decay_schedule)
 
 __all__ = ["OptimConfig", "from_config", "schedule_from_config"]
 
@@ -49,12 +50,16 @@ class OptimConfig:
     """Optimizer alias in ember.optim."""
     learning_rate: float = 3e-3
     """Peak learning rate."""
-    schedule: Literal["constant", "cosine", "warmup_cosine"] = "warmup_cosine"
-    """Learning-rate schedule over `TrainConfig.steps`."""
+    schedule: Literal["constant", "cosine", "warmup_cosine", "wsd"] = "warmup_cosine"
+    """Learning-rate schedule over `TrainConfig.steps` (wsd: warmup, stable, decay tail)."""
     warmup_steps: int = 20
-    """Linear warm-up steps (warmup_cosine only), capped at a tenth of the run."""
+    """Linear warm-up steps (warmup_cosine and wsd), capped at a tenth of the run."""
     end_lr_ratio: float = 0.1
-    """Final learning rate as a fraction of the peak (cosine schedules)."""
+    """Final learning rate as a fraction of the peak (cosine schedules and wsd)."""
+    decay_fraction: float = 0.2
+    """wsd: the decay tail's share of the run."""
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = "linear"
+    """wsd: the decay tail's shape."""
     weight_decay: float = 0.1
     """Decoupled weight decay, applied only to matrices (ndim >= 2): no decay on norms, biases."""
     b1: float = 0.9
@@ -68,7 +73,7 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "optim.", learning_rate=finite_positive, warmup_steps=non_negative_int,
-                     end_lr_ratio=_UNIT_INTERVAL, weight_decay=finite_non_negative, b1=fraction, b2=fraction,
+                     end_lr_ratio=_UNIT_INTERVAL, decay_fraction=_UNIT_INTERVAL, weight_decay=finite_non_negative, b1=fraction, b2=fraction,
                      eps=finite_positive, clip_norm=optional(finite_positive))
 
 
@@ -80,6 +85,10 @@ def schedule_from_config(cfg: OptimConfig, *, total_steps: int) -> Schedule:
     if cfg.schedule == "cosine":
         return cosine_decay_schedule(cfg.learning_rate, max(total_steps, 1), alpha=cfg.end_lr_ratio)
     warmup = min(cfg.warmup_steps, total_steps // 10)  # short runs (--steps 20) keep a decay phase
+    if cfg.schedule == "wsd":
+        tail = min(round(total_steps * cfg.decay_fraction), total_steps - warmup)
+        return warmup_stable_decay_schedule(cfg.learning_rate, warmup, total_steps, tail, end_value=end,
+                                            decay=cfg.decay_shape)
     return warmup_cosine_decay_schedule(0.0, cfg.learning_rate, warmup, max(total_steps, 1), end)
 
 

@@ -1,7 +1,8 @@
 """Hyperparameter schedules: pure functions of a 0-d int64 step count returning 0-d float32 tensors.
 
 Public names: `constant_schedule`, `polynomial_schedule`, `linear_schedule`,
-`cosine_decay_schedule`, `warmup_cosine_decay_schedule`, `join_schedules`.
+`cosine_decay_schedule`, `warmup_cosine_decay_schedule`, `join_schedules`, `warmup_constant_schedule`,
+`warmup_stable_decay_schedule` (WSD).
 
 The formulas and edge cases are optax's (`optax/schedules/_schedule.py`, `_join.py`). A schedule
 never branches in Python on the count: it uses `torch.clamp` / `torch.where`, so it traces once
@@ -33,7 +34,9 @@ __all__ = [
     "join_schedules",
     "linear_schedule",
     "polynomial_schedule",
+    "warmup_constant_schedule",
     "warmup_cosine_decay_schedule",
+    "warmup_stable_decay_schedule",
 ]
 
 Number = Union[float, int]
@@ -263,3 +266,73 @@ def warmup_cosine_decay_schedule(
         ],
         [warmup_steps],
     )
+
+
+def warmup_constant_schedule(init_value: Number, peak_value: Number, warmup_steps: int) -> Schedule:
+    """Linear warmup from `init_value` to `peak_value` over `warmup_steps`, then `peak_value` (optax's).
+
+    Example:
+        >>> import torch
+        >>> s = warmup_constant_schedule(0.0, 1.0, warmup_steps=4)
+        >>> [s(torch.tensor(t)).item() for t in (0, 2, 4, 100)]
+        [0.0, 0.5, 1.0, 1.0]
+    """
+    return join_schedules([linear_schedule(init_value, peak_value, warmup_steps), constant_schedule(peak_value)],
+                          [warmup_steps])
+
+
+_DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
+
+
+def warmup_stable_decay_schedule(
+    peak_value: Number,
+    warmup_steps: int,
+    total_steps: int,
+    decay_steps: int,
+    *,
+    init_value: Number = 0.0,
+    end_value: Number = 0.0,
+    decay: str = "linear",
+) -> Schedule:
+    """Warmup-stable-decay (WSD): a linear warmup to `peak_value`, the peak held, then a decay tail of the
+    last `decay_steps` steps to `end_value`, shaped `"linear"`, `"cosine"` or `"1-sqrt"` (the cooldown of
+    Hägele et al., 2024: `1 - sqrt(s)` of the tail's fraction `s`).
+
+    Args:
+        peak_value: the value after warmup and through the stable phase.
+        warmup_steps: length of the linear warmup from `init_value`.
+        total_steps: length of the run; the tail ends here and `end_value` holds after it.
+        decay_steps: length of the tail (e.g. a fifth of `total_steps`).
+        init_value: the value at step 0.
+        end_value: the value at `total_steps` and after.
+        decay: the tail's shape, `"linear"`, `"cosine"` or `"1-sqrt"`.
+
+    Returns:
+        `schedule(count) -> 0-d float32 tensor`.
+
+    Raises:
+        ValueError: an unknown `decay`, or `warmup_steps + decay_steps > total_steps`.
+
+    Example:
+        >>> import torch
+        >>> s = warmup_stable_decay_schedule(1.0, warmup_steps=2, total_steps=10, decay_steps=4, decay="1-sqrt")
+        >>> [round(s(torch.tensor(t)).item(), 4) for t in (0, 1, 2, 6, 7, 10, 12)]
+        [0.0, 0.5, 1.0, 1.0, 0.5, 0.0, 0.0]
+    """
+    if decay not in _DECAY_SHAPES:
+        raise ValueError(f"warmup_stable_decay_schedule: decay={decay!r} is not a tail shape; choose one of "
+                         f"{', '.join(_DECAY_SHAPES)}.")
+    if min(warmup_steps, decay_steps) < 0 or warmup_steps + decay_steps > total_steps:
+        raise ValueError(
+            f"warmup_stable_decay_schedule needs 0 <= warmup_steps + decay_steps <= total_steps (the warmup and "
+            f"the tail both fit in the run), got warmup_steps={warmup_steps}, decay_steps={decay_steps}, "
+            f"total_steps={total_steps}. Shorten the warmup or the tail (decay_steps ~ total_steps / 5).")
+
+    def tail(count: Tensor) -> Tensor:
+        s = torch.clamp(_f32(count) / max(decay_steps, 1), 0.0, 1.0)
+        left = {"linear": lambda: 1.0 - s, "cosine": lambda: 0.5 * (1.0 + torch.cos(math.pi * s)),
+                "1-sqrt": lambda: 1.0 - torch.sqrt(s)}[decay]()
+        return end_value + (peak_value - end_value) * left
+
+    return join_schedules([linear_schedule(init_value, peak_value, warmup_steps), constant_schedule(peak_value),
+                           tail], [warmup_steps, total_steps - decay_steps])

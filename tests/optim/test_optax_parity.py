@@ -216,6 +216,17 @@ SCHEDULE_CASES = [  # (id, ember schedule, optax schedule)
         ),
     ),
 ]
+SCHEDULE_CASES += [
+    ("warmup_constant", optim.warmup_constant_schedule(1e-4, 3e-3, warmup_steps=25),
+     lambda: optax.warmup_constant_schedule(1e-4, 3e-3, 25)),
+    # WSD has no optax name: optax's pieces joined (a linear tail, a cosine tail)
+    ("wsd_linear", optim.warmup_stable_decay_schedule(3e-3, 10, 100, 30, end_value=3e-4),
+     lambda: optax.join_schedules([optax.linear_schedule(0.0, 3e-3, 10), optax.constant_schedule(3e-3),
+                                   optax.linear_schedule(3e-3, 3e-4, 30)], [10, 70])),
+    ("wsd_cosine", optim.warmup_stable_decay_schedule(3e-3, 10, 100, 30, end_value=3e-4, decay="cosine"),
+     lambda: optax.join_schedules([optax.linear_schedule(0.0, 3e-3, 10), optax.constant_schedule(3e-3),
+                                   optax.cosine_decay_schedule(3e-3, 30, alpha=0.1)], [10, 70])),
+]
 COUNTS = list(range(0, 130)) + [1_000, 123_456_789]
 
 
