@@ -28,6 +28,8 @@ Public names, by module:
 - `partition`, `PartitionState` (parameter groups, each its own transformation);
   `multi_steps`, `MultiSteps`, `MultiStepsState` (gradient accumulation); `apply_if_finite`,
   `ApplyIfFiniteState` (skip non-finite gradients); `global_norm` (clipping).
+- muon: `muon`, `scale_by_muon`, `scale_by_shape`, `orthogonalize_via_newton_schulz`,
+  `MuonDimensionNumbers`, `ScaleByMuonState`, `muon_labels`.
 - aliases: `adamw`, `adam`, `sgd`, `lion`, `adafactor`; config: `OptimConfig`, `from_config`,
   `schedule_from_config`.
 
@@ -93,6 +95,13 @@ from .scaling import ScaleByScheduleState as ScaleByScheduleState
 from .scaling import scale as scale
 from .scaling import scale_by_learning_rate as scale_by_learning_rate
 from .scaling import scale_by_schedule as scale_by_schedule
+from .muon import MuonDimensionNumbers as MuonDimensionNumbers
+from .muon import ScaleByMuonState as ScaleByMuonState
+from .muon import muon as muon
+from .muon import muon_labels as muon_labels
+from .muon import orthogonalize_via_newton_schulz as orthogonalize_via_newton_schulz
+from .muon import scale_by_muon as scale_by_muon
+from .muon import scale_by_shape as scale_by_shape
 from .partition import PartitionState as PartitionState
 from .partition import partition as partition
 from .schedules import constant_schedule as constant_schedule
@@ -115,12 +124,14 @@ __all__ = [
     "MaskedState",
     "MultiSteps",
     "MultiStepsState",
+    "MuonDimensionNumbers",
     "OptimConfig",
     "PartitionState",
     "ScalarOrSchedule",
     "ScaleByAdamState",
     "ScaleByFactoredRmsState",
     "ScaleByLionState",
+    "ScaleByMuonState",
     "ScaleByScheduleState",
     "TraceState",
     "TransformInitFn",
@@ -148,6 +159,9 @@ __all__ = [
     "lion",
     "masked",
     "multi_steps",
+    "muon",
+    "muon_labels",
+    "orthogonalize_via_newton_schulz",
     "partition",
     "polynomial_schedule",
     "scale",
@@ -156,7 +170,9 @@ __all__ = [
     "scale_by_learning_rate",
     "scale_by_lion",
     "scale_by_param_block_rms",
+    "scale_by_muon",
     "scale_by_schedule",
+    "scale_by_shape",
     "schedule_from_config",
     "set_hyperparams",
     "sgd",

@@ -51,6 +51,7 @@ def scale_by_adam(
     eps_root: Scalar = 0.0,
     *,
     mu_dtype: Optional[torch.dtype] = None,
+    nesterov: bool = False,
 ) -> GradientTransformation:
     """Rescale updates by Adam's bias-corrected moments: `m_hat / (sqrt(v_hat + eps_root) + eps)`.
 
@@ -62,6 +63,8 @@ def scale_by_adam(
         eps: added to the denominator outside the square root.
         eps_root: added inside the square root (a Python `0.0` skips the addition).
         mu_dtype: dtype of the first moment (default: the param's dtype).
+        nesterov: NAdam's look-ahead, as optax's: `b1 * m_hat(t + 1) + (1 - b1) * g / (1 - b1^t)` in place of
+            `m_hat`.
 
     Returns:
         A `GradientTransformation` with a `ScaleByAdamState`.
@@ -91,7 +94,11 @@ def scale_by_adam(
         mu = _foreach.moment(grads, mu_old, b1)
         nu = _foreach.moment(torch._foreach_mul(grads, grads), nu_old, b2)
         corrections = (_foreach.bias_correction(b1, count), _foreach.bias_correction(b2, count))
-        out = _foreach.adam_direction(mu, nu, corrections, eps, eps_root)
+        if nesterov:  # the corrected look-ahead moment, then a direction without the first correction
+            ahead = torch._foreach_mul(mu, b1 / _foreach.bias_correction(b1, count + 1))
+            torch._foreach_add_(ahead, torch._foreach_mul(grads, (1 - b1) / corrections[0]))
+            mu_hat, corrections = ahead, (torch.ones_like(corrections[0]), corrections[1])
+        out = _foreach.adam_direction(mu_hat if nesterov else mu, nu, corrections, eps, eps_root)
         new_state = ScaleByAdamState(
             count=count,
             mu=tree_unflatten(_foreach.cast(mu, _foreach.dtypes_of(mu_old)), spec),
