@@ -104,16 +104,19 @@ def check_token_loss(loss: TokenLoss) -> None:
 
 
 def learning_rates(opt_state: Any) -> Dict[str, Tensor]:
-    """The step's learning rates: `lr`, the first leaf whose dotted path ends with `hyperparams.learning_rate`,
-    and `lr/<label>` for each such leaf inside a parameter group (under `inner_states.<label>`, `partition`'s)."""
+    """The step's learning rates: `lr`, the first leaf whose dotted path ends with `hyperparams.learning_rate`;
+    `lr/<label>` for each such leaf inside a parameter group (under `inner_states.<label>`, `partition`'s) and for
+    a group's own rate beside it (`hyperparams.<label>_learning_rate`, as `muon`'s `adam_learning_rate`)."""
     found: Dict[str, Tensor] = {}
     for path, leaf in tree_leaves_with_path(opt_state):
-        if not isinstance(leaf, Tensor) or not (
-                path == "hyperparams.learning_rate" or path.endswith(".hyperparams.learning_rate")):
-            continue
-        leaf = leaf.detach().to(torch.float32)
-        found.setdefault("lr", leaf)
         parts = path.split(".")
-        if "inner_states" in parts[:-1]:
-            found.setdefault("lr/" + parts[parts.index("inner_states") + 1], leaf)
+        if not isinstance(leaf, Tensor) or len(parts) < 2 or parts[-2] != "hyperparams":
+            continue
+        if parts[-1] == "learning_rate":
+            leaf = leaf.detach().to(torch.float32)
+            found.setdefault("lr", leaf)
+            if "inner_states" in parts[:-1]:
+                found.setdefault("lr/" + parts[parts.index("inner_states") + 1], leaf)
+        elif parts[-1].endswith("_learning_rate"):
+            found.setdefault("lr/" + parts[-1][: -len("_learning_rate")], leaf.detach().to(torch.float32))
     return found

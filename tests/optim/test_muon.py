@@ -137,3 +137,23 @@ def test_the_bf16_iteration_is_torchs_bit_for_bit():
     g = torch.randn(24, 8, generator=torch.Generator().manual_seed(4))
     ours = optim.orthogonalize_via_newton_schulz(g, dtype=torch.bfloat16)
     assert torch.equal(ours, _zeropower_via_newtonschulz(g, (3.4445, -4.775, 2.0315), 5, 1e-8).float())
+
+
+def test_the_muon_step_compiles_once_repeats_its_bits_and_takes_a_new_rate_without_recompiling():
+    from ember.core import TrainState, jit
+    from ember.core.step_fns import train_step
+    from ember.core.testing import assert_max_compiles
+
+    tx = optim.muon(2e-2, weight_decay=0.1, param_labels=LABELS, adam_learning_rate=1e-2)
+    step = assert_max_compiles(jit(train_step(lambda p, batch, key=None: loss(p)), backend="inductor"), n=1)
+    state = TrainState.create(params=_params(), tx=tx)
+    first, metrics = step(state, {})
+    again, _ = step(state, {})
+    assert all(torch.equal(a, b) for a, b in zip(pytree.tree_leaves(first), pytree.tree_leaves(again)))
+    eager, _ = train_step(lambda p, batch, key=None: loss(p))(state, {})
+    for k in SHAPES:
+        torch.testing.assert_close(first.params[k], eager.params[k], rtol=1e-5, atol=1e-6)
+    assert float(metrics["lr"]) == pytest.approx(2e-2) and float(metrics["lr/adam"]) == pytest.approx(1e-2)
+    slower = first.replace(opt_state=optim.set_hyperparams(first.opt_state, learning_rate=1e-3))
+    _, metrics = step(slower, {})
+    assert float(metrics["lr"]) == pytest.approx(1e-3)
