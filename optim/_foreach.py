@@ -139,6 +139,14 @@ def bias_correction(decay: Scalar, count: Tensor) -> Tensor:
     return 1 - torch.pow(decay, count.to(torch.float32))
 
 
+def look_ahead(mu: Sequence[Tensor], gs: Sequence[Tensor], decay: Scalar, count: Tensor) -> Leaves:
+    """Nesterov's bias-corrected look-ahead moment, optax's: `decay * mu / (1 - decay^(count + 1)) + (1 - decay) * g /
+    (1 - decay^count)`."""
+    ahead = torch._foreach_mul(mu, decay / bias_correction(decay, count + 1))
+    torch._foreach_add_(ahead, torch._foreach_mul(gs, (1 - decay) / bias_correction(decay, count)))
+    return list(ahead)
+
+
 def per_leaf_rms(xs: Sequence[Tensor]) -> Leaves:
     """The root mean square of each leaf, as a list of 0-d float32 tensors."""
     if not xs:

@@ -95,10 +95,10 @@ def scale_by_adam(
         nu = _foreach.moment(torch._foreach_mul(grads, grads), nu_old, b2)
         corrections = (_foreach.bias_correction(b1, count), _foreach.bias_correction(b2, count))
         if nesterov:  # the corrected look-ahead moment, then a direction without the first correction
-            ahead = torch._foreach_mul(mu, b1 / _foreach.bias_correction(b1, count + 1))
-            torch._foreach_add_(ahead, torch._foreach_mul(grads, (1 - b1) / corrections[0]))
-            mu_hat, corrections = ahead, (torch.ones_like(corrections[0]), corrections[1])
-        out = _foreach.adam_direction(mu_hat if nesterov else mu, nu, corrections, eps, eps_root)
+            ahead = _foreach.look_ahead(mu, grads, b1, count)
+            out = _foreach.adam_direction(ahead, nu, (torch.ones_like(corrections[0]), corrections[1]), eps, eps_root)
+        else:
+            out = _foreach.adam_direction(mu, nu, corrections, eps, eps_root)
         new_state = ScaleByAdamState(
             count=count,
             mu=tree_unflatten(_foreach.cast(mu, _foreach.dtypes_of(mu_old)), spec),

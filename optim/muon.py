@@ -146,12 +146,10 @@ def scale_by_muon(ns_coeffs: Sequence[float] = NS_COEFFS, ns_steps: int = 5, bet
             return updates, state.replace(count=count)
         mu_old = tree_leaves(state.mu)
         mu = _foreach.moment(grads, mu_old, beta)
-        correction = _foreach.bias_correction(beta, count)
         if nesterov:
-            mu_hat = torch._foreach_mul(mu, beta / _foreach.bias_correction(beta, count + 1))
-            torch._foreach_add_(mu_hat, torch._foreach_mul(grads, (1 - beta) / correction))
+            mu_hat = _foreach.look_ahead(mu, grads, beta, count)
         else:
-            mu_hat = torch._foreach_div(mu, correction)
+            mu_hat = torch._foreach_div(mu, _foreach.bias_correction(beta, count))
         out = [orthogonalize_via_newton_schulz(m, ns_coeffs, ns_steps, eps, dims, ns_dtype) for m in mu_hat]
         mu = _foreach.cast(mu, _foreach.dtypes_of(mu_old))
         return tree_unflatten(out, spec), ScaleByMuonState(count=count, mu=tree_unflatten(mu, spec))

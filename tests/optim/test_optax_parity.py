@@ -86,6 +86,11 @@ OPTAX_PARITY_CASES = [  # (id, ember factory, optax factory)
         ),
     ),
     (
+        "nadam_by_blocks",  # scale_by_adam(nesterov=True): optax's look-ahead (muon's AdamW group takes it)
+        lambda: optim.chain(optim.scale_by_adam(nesterov=True), optim.scale(-1e-2)),
+        lambda: optax.chain(optax.scale_by_adam(nesterov=True), optax.scale(-1e-2)),
+    ),
+    (
         "adam",
         lambda: optim.adam(1e-2),
         lambda: optax.inject_hyperparams(optax.adam)(1e-2),
