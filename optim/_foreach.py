@@ -9,7 +9,7 @@ float32 tensor over every leaf without promoting low-precision leaves (bf16 stay
 from __future__ import annotations
 
 import numbers
-from typing import Callable, List, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -94,9 +94,10 @@ def moment(gs: Sequence[Tensor], ms: Sequence[Tensor], decay: Scalar) -> Leaves:
     return list(new)
 
 
-def adam_direction(mu: Sequence[Tensor], nu: Sequence[Tensor], corrections: Tuple[Tensor, Tensor],
+def adam_direction(mu: Sequence[Tensor], nu: Sequence[Tensor], corrections: Tuple[Optional[Tensor], Tensor],
                    eps: Scalar, eps_root: Scalar = 0.0) -> Leaves:
-    """Adam's `(mu / c1) / (sqrt(nu / c2 + eps_root) + eps)` for every leaf, `corrections = (c1, c2)`.
+    """Adam's `(mu / c1) / (sqrt(nu / c2 + eps_root) + eps)` for every leaf, `corrections = (c1, c2)`; `c1` None for
+    a first moment already corrected (Nesterov's look-ahead).
 
     Without `eps_root` computed as `mu / (sqrt(nu) / sqrt(c2) + eps) / c1`: two new lists, the rest in place on
     them (a DTensor, or an `eps_root`, takes a new list per operation).
@@ -108,7 +109,7 @@ def adam_direction(mu: Sequence[Tensor], nu: Sequence[Tensor], corrections: Tupl
     if is_dtensor(mu[0]) or not no_root:
         nu_hat = torch._foreach_div(nu, c2)
         denom = add_scalar(torch._foreach_sqrt(nu_hat if no_root else add_scalar(nu_hat, eps_root)), eps)
-        return list(torch._foreach_div(torch._foreach_div(mu, c1), denom))
+        return list(torch._foreach_div(mu if c1 is None else torch._foreach_div(mu, c1), denom))
     denom = torch._foreach_sqrt(nu)
     torch._foreach_div_(denom, torch.sqrt(c2))
     if isinstance(eps, Tensor):
@@ -116,7 +117,8 @@ def adam_direction(mu: Sequence[Tensor], nu: Sequence[Tensor], corrections: Tupl
     else:
         torch._foreach_add_(denom, eps)
     out = torch._foreach_div(mu, denom)
-    torch._foreach_div_(out, c1)
+    if c1 is not None:
+        torch._foreach_div_(out, c1)
     return list(out)
 
 

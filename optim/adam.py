@@ -93,12 +93,11 @@ def scale_by_adam(
         mu_old, nu_old = tree_leaves(state.mu), tree_leaves(state.nu)
         mu = _foreach.moment(grads, mu_old, b1)
         nu = _foreach.moment(torch._foreach_mul(grads, grads), nu_old, b2)
-        corrections = (_foreach.bias_correction(b1, count), _foreach.bias_correction(b2, count))
+        c2 = _foreach.bias_correction(b2, count)
         if nesterov:  # the corrected look-ahead moment, then a direction without the first correction
-            ahead = _foreach.look_ahead(mu, grads, b1, count)
-            out = _foreach.adam_direction(ahead, nu, (torch.ones_like(corrections[0]), corrections[1]), eps, eps_root)
+            out = _foreach.adam_direction(_foreach.look_ahead(mu, grads, b1, count), nu, (None, c2), eps, eps_root)
         else:
-            out = _foreach.adam_direction(mu, nu, corrections, eps, eps_root)
+            out = _foreach.adam_direction(mu, nu, (_foreach.bias_correction(b1, count), c2), eps, eps_root)
         new_state = ScaleByAdamState(
             count=count,
             mu=tree_unflatten(_foreach.cast(mu, _foreach.dtypes_of(mu_old)), spec),

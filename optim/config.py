@@ -73,8 +73,8 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "optim.", learning_rate=finite_positive, warmup_steps=non_negative_int,
-                     end_lr_ratio=_UNIT_INTERVAL, decay_fraction=_UNIT_INTERVAL, weight_decay=finite_non_negative, b1=fraction, b2=fraction,
-                     eps=finite_positive, clip_norm=optional(finite_positive))
+                     end_lr_ratio=_UNIT_INTERVAL, decay_fraction=_UNIT_INTERVAL, weight_decay=finite_non_negative,
+                     b1=fraction, b2=fraction, eps=finite_positive, clip_norm=optional(finite_positive))
 
 
 def schedule_from_config(cfg: OptimConfig, *, total_steps: int) -> Schedule:

@@ -89,23 +89,20 @@ def partition(transforms: Mapping[Hashable, GradientTransformation], param_label
     for label, tx in transforms.items():
         require_transformation(tx, where=f"partition(transforms={{{label!r}: ...}})")
 
-    def group_of(label: Hashable) -> Callable[[PyTree], PyTree]:
-        def mask(tree: PyTree) -> PyTree:
-            return tree_map(lambda leaf_label: leaf_label == label, _labels_of(param_labels, tree, transforms))
-
-        return mask
-
-    groups = {label: masked(tx, group_of(label)) for label, tx in transforms.items()}
+    def groups(tree: PyTree) -> Dict[Hashable, GradientTransformation]:
+        """Each transformation masked to its group, the labels derived and checked once for all groups."""
+        labels = _labels_of(param_labels, tree, transforms)
+        return {label: masked(tx, tree_map(lambda leaf_label, label=label: leaf_label == label, labels))
+                for label, tx in transforms.items()}
 
     def init_fn(params: Params) -> PartitionState:
-        _labels_of(param_labels, params, transforms)  # one clear error before any group's init
-        return PartitionState(inner_states={label: tx.init(params) for label, tx in groups.items()})
+        return PartitionState(inner_states={label: tx.init(params) for label, tx in groups(params).items()})
 
     def update_fn(
         updates: Updates, state: PartitionState, params: Optional[Params] = None
     ) -> Tuple[Updates, PartitionState]:
         new_states = {}
-        for label, tx in groups.items():
+        for label, tx in groups(updates if params is None else params).items():
             updates, new_states[label] = tx.update(updates, state.inner_states[label], params)
         return updates, PartitionState(inner_states=new_states)
 

@@ -113,10 +113,12 @@ def learning_rates(opt_state: Any) -> Dict[str, Tensor]:
         if not isinstance(leaf, Tensor) or len(parts) < 2 or parts[-2] != "hyperparams":
             continue
         if parts[-1] == "learning_rate":
-            leaf = leaf.detach().to(torch.float32)
-            found.setdefault("lr", leaf)
-            if "inner_states" in parts[:-1]:
-                found.setdefault("lr/" + parts[parts.index("inner_states") + 1], leaf)
+            names = ["lr"] + (["lr/" + parts[parts.index("inner_states") + 1]] if "inner_states" in parts else [])
         elif parts[-1].endswith("_learning_rate"):
-            found.setdefault("lr/" + parts[-1][: -len("_learning_rate")], leaf.detach().to(torch.float32))
+            names = ["lr/" + parts[-1][: -len("_learning_rate")]]
+        else:
+            continue
+        rate = leaf.detach().to(torch.float32)
+        for name in names:
+            found.setdefault(name, rate)
     return found
