@@ -30,6 +30,8 @@ import torch
 from torch import Tensor
 
 from ..core import pytree
+from ..core.local_shards import is_dtensor
+from ..core.partition_specs.whole_axes import WholeAxesPlacement, on_whole_axes
 from ..core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..core.tree_math import tree_zeros_like
 from ..core.types import Params, PyTree, Updates
@@ -63,6 +65,10 @@ def _axes(ndim: int, axes: Union[int, Tuple[int, ...]]) -> Tuple[int, ...]:
     return tuple(a % ndim for a in ((axes,) if isinstance(axes, int) else axes))
 
 
+def _matrix_axes(ndim: int, dims: MuonDimensionNumbers) -> Tuple[int, ...]:
+    return _axes(ndim, dims.reduction_axis) + _axes(ndim, dims.output_axis)
+
+
 def _as_batched_matrices(x: Tensor, dims: MuonDimensionNumbers) -> Tuple[Tensor, Callable[[Tensor], Tensor]]:
     """`x` as `(batch, fan_in, fan_out)` (optax's orientation), and the function that puts such a result back."""
     if x.dim() < 2:
@@ -76,7 +82,7 @@ def _as_batched_matrices(x: Tensor, dims: MuonDimensionNumbers) -> Tuple[Tensor,
     batch = tuple(a for a in range(x.dim()) if a not in reduce and a not in out)
     order = batch + reduce + out
     moved = x.permute(order)
-    size = lambda axes: math.prod(x.shape[a] for a in axes)  # noqa: E731
+    size = lambda axes: math.prod([x.shape[a] for a in axes])  # noqa: E731
     flat = moved.reshape(size(batch), size(reduce), size(out))
 
     def back(y: Tensor) -> Tensor:
@@ -119,7 +125,8 @@ class ScaleByMuonState:
 def scale_by_muon(ns_coeffs: Sequence[float] = NS_COEFFS, ns_steps: int = 5, beta: Scalar = 0.95,
                   eps: Scalar = 1e-8, mu_dtype: Optional[torch.dtype] = None, *, nesterov: bool = True,
                   weight_dimension_numbers: Optional[MuonDimensionNumbers] = None,
-                  ns_dtype: Optional[torch.dtype] = None) -> GradientTransformation:
+                  ns_dtype: Optional[torch.dtype] = None,
+                  ns_placement: Optional[WholeAxesPlacement] = None) -> GradientTransformation:
     """Momentum, bias-corrected (with Nesterov's look-ahead), then orthogonalised: optax.contrib's `scale_by_muon`.
 
     Args:
@@ -131,6 +138,9 @@ def scale_by_muon(ns_coeffs: Sequence[float] = NS_COEFFS, ns_steps: int = 5, bet
         nesterov: orthogonalise `beta * mu_hat(t + 1) + (1 - beta) * g_hat(t)` instead of `mu_hat(t)`.
         weight_dimension_numbers: the `in` and `out` axes of every leaf (default: torch's `(..., out, in)`).
         ns_dtype: the dtype the iteration runs in (default: the leaf's).
+        ns_placement: where a sharded matrix is orthogonalised whole (`on_whole_axes`): `"owner"`, one
+            process per matrix, `"gather"`, every process every matrix, or None: owner where the mesh has an
+            all-to-all, gather on a CPU mesh.
     """
     dims = weight_dimension_numbers or MuonDimensionNumbers()
 
@@ -150,7 +160,9 @@ def scale_by_muon(ns_coeffs: Sequence[float] = NS_COEFFS, ns_steps: int = 5, bet
             mu_hat = _foreach.look_ahead(mu, grads, beta, count)
         else:
             mu_hat = torch._foreach_div(mu, _foreach.bias_correction(beta, count))
-        out = [orthogonalize_via_newton_schulz(m, ns_coeffs, ns_steps, eps, dims, ns_dtype) for m in mu_hat]
+        plain_eps = eps.to_local() if is_dtensor(eps) else eps  # a hyperparameter of a sharded state
+        ns = lambda m: orthogonalize_via_newton_schulz(m, ns_coeffs, ns_steps, plain_eps, dims, ns_dtype)  # noqa: E731
+        out = [on_whole_axes(ns, m, _matrix_axes(m.dim(), dims), placement=ns_placement) for m in mu_hat]
         mu = _foreach.cast(mu, _foreach.dtypes_of(mu_old))
         return tree_unflatten(out, spec), ScaleByMuonState(count=count, mu=tree_unflatten(mu, spec))
 
@@ -165,8 +177,8 @@ def scale_by_shape(weight_dimension_numbers: Optional[MuonDimensionNumbers] = No
     dims = weight_dimension_numbers or MuonDimensionNumbers()
 
     def factor(u: Tensor) -> float:
-        fan_in = math.prod(u.shape[a] for a in _axes(u.dim(), dims.reduction_axis))
-        fan_out = math.prod(u.shape[a] for a in _axes(u.dim(), dims.output_axis))
+        fan_in = math.prod([u.shape[a] for a in _axes(u.dim(), dims.reduction_axis)])
+        fan_out = math.prod([u.shape[a] for a in _axes(u.dim(), dims.output_axis)])
         return math.sqrt(max(fan_in, fan_out)) if consistent_rms is not None else math.sqrt(max(1.0, fan_out / fan_in))
 
     def init_fn(params: Params) -> EmptyState:
@@ -201,10 +213,11 @@ def _muon_chain(learning_rate: Scalar, beta: Scalar, eps: Scalar, weight_decay: 
                 adam_b2: Scalar, adam_eps_root: Scalar, adam_weight_decay: Scalar, adam_learning_rate: Scalar, *,
                 ns_coeffs: Sequence[float], ns_steps: int, weight_decay_mask: Any, mu_dtype: Optional[torch.dtype],
                 nesterov: bool, dims: Optional[MuonDimensionNumbers], consistent_rms: Optional[float],
-                ns_dtype: Optional[torch.dtype], param_labels: Any) -> GradientTransformation:
+                ns_dtype: Optional[torch.dtype], ns_placement: Optional[WholeAxesPlacement],
+                param_labels: Any) -> GradientTransformation:
     return partition({
         "muon": chain(scale_by_muon(ns_coeffs, ns_steps, beta, eps, mu_dtype, nesterov=nesterov,
-                                    weight_dimension_numbers=dims, ns_dtype=ns_dtype),
+                                    weight_dimension_numbers=dims, ns_dtype=ns_dtype, ns_placement=ns_placement),
                       scale_by_shape(dims, consistent_rms),
                       add_decayed_weights(weight_decay, weight_decay_mask),
                       scale_by_learning_rate(learning_rate)),
@@ -221,20 +234,21 @@ def muon(learning_rate: ScalarOrSchedule, ns_coeffs: Sequence[float] = NS_COEFFS
          adam_learning_rate: Optional[ScalarOrSchedule] = None,
          muon_weight_dimension_numbers: Optional[MuonDimensionNumbers] = None,
          consistent_rms: Optional[float] = None, ns_dtype: Optional[torch.dtype] = None,
-         param_labels: Any = None) -> GradientTransformation:
+         ns_placement: Optional[WholeAxesPlacement] = None, param_labels: Any = None) -> GradientTransformation:
     """Muon for the leaves labelled `"muon"`, AdamW for those labelled `"adam"`: optax.contrib's `muon`.
 
     Its hyperparameters are 0-d tensors in the state (`inject_hyperparams`): changing a rate never recompiles.
-    `ns_dtype` runs the Newton-Schulz iteration in another dtype (`torch.bfloat16`, as torch.optim.Muon does);
+    `ns_dtype` runs the Newton-Schulz iteration in another dtype (`torch.bfloat16`, as torch.optim.Muon does),
+    `ns_placement` places it on a mesh (`scale_by_muon`);
     `param_labels` (a tree of `"muon"` / `"adam"`, or a function of the params) defaults to optax's rule, every
     2-D leaf to Muon; for an ember model pass `muon_labels(model.axes)`. The other arguments are optax's.
     """
     return inject_hyperparams(_muon_chain, static_args=(
         "ns_coeffs", "ns_steps", "weight_decay_mask", "mu_dtype", "nesterov", "dims", "consistent_rms", "ns_dtype",
-        "param_labels"))(
+        "ns_placement", "param_labels"))(
         learning_rate=learning_rate, beta=beta, eps=eps, weight_decay=weight_decay, adam_b1=adam_b1,
         adam_b2=adam_b2, adam_eps_root=adam_eps_root, adam_weight_decay=adam_weight_decay,
         adam_learning_rate=learning_rate if adam_learning_rate is None else adam_learning_rate,
         ns_coeffs=tuple(ns_coeffs), ns_steps=ns_steps, weight_decay_mask=weight_decay_mask, mu_dtype=mu_dtype,
         nesterov=nesterov, dims=muon_weight_dimension_numbers, consistent_rms=consistent_rms, ns_dtype=ns_dtype,
-        param_labels=_default_labels if param_labels is None else param_labels)
+        ns_placement=ns_placement, param_labels=_default_labels if param_labels is None else param_labels)

@@ -5,7 +5,8 @@ Public names: `PartitionSpec`, `Rules`, `ShardingRuleError`, `resolve`, `resolve
 `Lowering`, `shard`, `shard_batch`, `constrain`, `use_sharding`, `current_sharding`,
 `specs_like_params`, `describe_sharding`, `sharding_table`, `ShardRow`, `memory_per_device`,
 `MemoryPerDevice`, `local_shape_of`, `axes_from_rules` (path-pattern rules for bridged modules),
-`explicit_attention_required` (when a sharding forces explicit attention).
+`explicit_attention_required` (when a sharding forces explicit attention), `on_whole_axes` and
+`WholeAxesPlacement` (a function that needs some axes whole, placed on a mesh: Muon's Newton-Schulz).
 
 The pieces, in order: a model names each parameter's dimensions (`model.axes`, logical names such
 as `("mlp", "embed")`); ordered rules map logical names to mesh axes (`rules.py`, Flax semantics,
@@ -49,6 +50,8 @@ from .sharding import shard_batch as shard_batch
 from .sharding import specs_like_params as specs_like_params
 from .sharding import use_sharding as use_sharding
 from .spec import PartitionSpec as PartitionSpec
+from .whole_axes import WholeAxesPlacement as WholeAxesPlacement
+from .whole_axes import on_whole_axes as on_whole_axes
 
 __all__ = [
     "ACTIVATION_RULES",
@@ -61,6 +64,7 @@ __all__ = [
     "ShardRow",
     "Sharding",
     "ShardingRuleError",
+    "WholeAxesPlacement",
     "axes_from_rules",
     "constrain",
     "current_sharding",
@@ -72,6 +76,7 @@ __all__ = [
     "fsdp_tp",
     "local_shape_of",
     "memory_per_device",
+    "on_whole_axes",
     "resolve",
     "resolve_tree",
     "shard",

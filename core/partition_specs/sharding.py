@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import torch
-from ..pytree import tree_flatten, tree_map, tree_structure, tree_unflatten
+from ..pytree import MaskedNode, tree_flatten, tree_map, tree_structure, tree_unflatten
 
 from ..mesh import Mesh
 from ..trace_context import here, using_sharding
@@ -168,27 +168,32 @@ def _replicated(x: Any) -> Any:
 def specs_like_params(tree: Any, params: Any, param_specs: Any) -> Any:
     """Specs for a whole tree (a TrainState, an optimizer state) that inherit each parameter's spec.
 
-    Every subtree with the structure of `params` (Adam's `mu` and `nu`, the params themselves)
-    takes `param_specs` leaf by leaf, when the leaf has its parameter's shape (factored statistics
-    of another shape are replicated); every other tensor (step counts, keys, hyperparameters) is
-    replicated.
+    Every subtree with the structure of `params` (Adam's `mu` and `nu`, the params themselves), some of its
+    leaves perhaps `MaskedNode`s (the state of one group of `partition` or `masked`), takes `param_specs` leaf
+    by leaf, when the leaf has its parameter's shape (factored statistics of another shape are replicated);
+    every other tensor (step counts, keys, hyperparameters) is replicated.
     """
     params_def = tree_structure(params)
     flat_params, _ = tree_flatten(params)
     flat_specs, _ = tree_flatten(param_specs)
 
-    def is_params_like(node: Any) -> bool:
-        return not isinstance(node, torch.Tensor) and tree_structure(node) == params_def
+    def masked_leaves(node: Any) -> Optional[List[Any]]:
+        """`node`'s leaves with each `MaskedNode` as one, if that is `params`' structure; else None."""
+        if isinstance(node, torch.Tensor):
+            return None
+        leaves, treedef = tree_flatten(node, is_leaf=lambda x: isinstance(x, MaskedNode))
+        return leaves if treedef == params_def else None
 
     def spec_for(node: Any) -> Any:
-        if isinstance(node, torch.Tensor) or not is_params_like(node):
+        leaves = masked_leaves(node)
+        if leaves is None:
             return _replicated(node)
-        leaves, treedef = tree_flatten(node)
-        out = [s if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(p.shape) else _replicated(x)
+        out = [x if isinstance(x, MaskedNode) else
+               s if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(p.shape) else _replicated(x)
                for x, p, s in zip(leaves, flat_params, flat_specs)]
-        return tree_unflatten(out, treedef)
+        return tree_unflatten(out, tree_structure(node, is_leaf=lambda x: isinstance(x, MaskedNode)))
 
-    return tree_map(spec_for, tree, is_leaf=is_params_like)
+    return tree_map(spec_for, tree, is_leaf=lambda node: masked_leaves(node) is not None)
 
 
 def flatten_specs(specs: Any) -> List[Any]:

@@ -108,11 +108,12 @@ def test_newton_schulz_in_bf16_against_float32():
     assert 1e-4 < rel < 2e-2  # bf16's rounding, not a different result
 
 
-def test_a_stack_is_orthogonalised_matrix_by_matrix():
-    x = torch.randn(4, 10, 6, generator=torch.Generator().manual_seed(3))
-    whole = optim.orthogonalize_via_newton_schulz(x)
-    for i in range(4):
-        torch.testing.assert_close(whole[i], optim.orthogonalize_via_newton_schulz(x[i]))
+@pytest.mark.parametrize("shape", [(4, 10, 6), (2, 3, 6, 10)], ids=["layers", "layers_experts"])
+def test_a_stack_is_orthogonalised_matrix_by_matrix(shape):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+    whole = optim.orthogonalize_via_newton_schulz(x).reshape(-1, *shape[-2:])
+    for i, matrix in enumerate(x.reshape(-1, *shape[-2:])):
+        torch.testing.assert_close(whole[i], optim.orthogonalize_via_newton_schulz(matrix))
 
 
 def test_muon_labels_from_a_models_axes():

@@ -21,7 +21,7 @@ from ember.core.partition_specs import (
 )
 from ember.core.pytree import tree_leaves_with_path
 from ember.models import build_model
-from ember.optim import adafactor, adamw
+from ember.optim import adafactor, adamw, muon, muon_labels
 
 LLAMA = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16)
 
@@ -135,6 +135,21 @@ def test_shard_state_inherits_param_specs_by_structure():
     assert mu and flat[mu[0]] == P(None, "tp", "fsdp")
     assert flat["step"] == P() and flat["key"] == P()
     assert len(s.lowering.placed) == len(tree_leaves_with_path(state))
+
+
+def test_a_parameter_groups_state_inherits_its_parameters_specs():
+    """`partition`'s groups hold the params' structure with the other groups' leaves masked out: each group's
+    momentum is placed like its parameter (it was replicated, an FSDP run's optimizer state whole on every process)."""
+    model = build_model("llama3", "tiny", **LLAMA)
+    params = model.init(random.key(0))
+    state = TrainState.create(params=params, tx=muon(1e-3, param_labels=muon_labels(model.axes)), key=random.key(0))
+    s = _sharding("fsdp=2,tp=2")
+    specs = dict(tree_leaves_with_path(specs_like_params(state, params, s.param_specs(model.axes, params))))
+    muon_mu = [p for p in specs if p.endswith("muon.inner_state.0.mu.blocks.mlp.gate.weight")]
+    adam_nu = [p for p in specs if p.endswith("adam.inner_state.0.nu.wte.weight")]
+    assert muon_mu and specs[muon_mu[0]] == P(None, "tp", "fsdp")
+    assert adam_nu and specs[adam_nu[0]] == specs["params.wte.weight"] != P(None, None)
+    assert len(specs) == len(tree_leaves_with_path(state))
 
 
 def test_factored_optimizer_statistics_of_another_shape_are_replicated():
