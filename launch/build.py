@@ -85,7 +85,10 @@ def initial_state(cfg: TrainConfig, model: Any, device: Any = "cpu") -> TrainSta
         params = load_initial_params(cfg.init_from, base, model_info=model_info(cfg.family, cfg.model), device=device)
     else:
         params = to_device(base.init(random.key(cfg.seed)), device)
-    tx = from_config(cfg.optim, total_steps=cfg.steps)
+    if lora and cfg.optim.name == "muon":
+        raise ValueError("--optim.name muon orthogonalises a model's full matrices, but --lora.rank trains low-rank "
+                         "adapters; train LoRA with --optim.name adamw.")
+    tx = from_config(cfg.optim, total_steps=cfg.steps, axes=base.axes)
     if lora:
         params = model.init_from(params, key=random.fold_in(random.key(cfg.seed, device=device), 2))
         tx = optim.masked(tx, lora_mask(params))  # the base is frozen: its updates pass through as zeros

@@ -44,8 +44,15 @@ def check_fit(
         msg.append(f"your model: {describe_model(model_info)}")
     if diff:
         msg.append("model differences: " + "; ".join(diff))
-    msg.append("Fix: build `like` from the checkpoint's model config (CheckpointMeta.model / .config), "
-               "or point at the checkpoint directory of this model. Nothing was read or changed.")
+    saved_paths = set(saved) | {p for p in (*meta.python_leaves, *meta.aliases) if keep(p)}
+    differing = saved_paths ^ set(like.paths)
+    if differing and all(p.startswith("opt_state.") for p in differing) and not diff:
+        msg.append("Fix: the optimizer differs from the checkpoint's (its transformations, or which parameters are in "
+                   "which group, changed): build it as the checkpoint was saved, or restore the parameters alone "
+                   "(restore_params) and start the new optimizer's state fresh. Nothing was read or changed.")
+    else:
+        msg.append("Fix: build `like` from the checkpoint's model config (CheckpointMeta.model / .config), "
+                   "or point at the checkpoint directory of this model. Nothing was read or changed.")
     raise CheckpointError("\n".join(msg))
 
 

@@ -83,6 +83,6 @@ def build_setup(cfg: Any, *, device: torch.device, init: str = "auto") -> Setup:
     return Setup(cfg, model, tree_map(to, params), tree_map(to, batch), device, init)
 
 
-def bench_optim_config(cfg: Any, schedule: str = "constant") -> Any:
-    """The run config's optimizer section as every variant uses it: AdamW, `schedule`, clipping at 1.0."""
-    return dataclasses.replace(cfg.optim, name="adamw", schedule=schedule, clip_norm=1.0)
+def bench_optim_config(cfg: Any, schedule: str = "constant", name: str = "adamw") -> Any:
+    """The run config's optimizer section as every variant uses it: AdamW (or `name`), `schedule`, clipping at 1.0."""
+    return dataclasses.replace(cfg.optim, name=name, schedule=schedule, clip_norm=1.0)

@@ -43,9 +43,11 @@ def _patches_disabled() -> Iterator[None]:
 
 
 def ember_variant(s: Setup, *, backend: str, donate: str = "state", compute_dtype: Optional[torch.dtype] = None,
-                  skip_nonfinite: bool = True, patches: bool = True, **jit_options: Any) -> Variant:
-    """`ember.core.jit(train_step(...))` with `backend`, `donate` and any other jit option."""
-    tx = from_config(bench_optim_config(s.cfg), total_steps=10_000)
+                  skip_nonfinite: bool = True, patches: bool = True, optimizer: str = "adamw",
+                  **jit_options: Any) -> Variant:
+    """`ember.core.jit(train_step(...))` with `backend`, `donate` and any other jit option, training with
+    `optimizer` (`--optim.name`)."""
+    tx = from_config(bench_optim_config(s.cfg, name=optimizer), total_steps=10_000, axes=s.model.axes)
     params = tree_map(torch.clone, s.params)
     box = [TrainState.create(params=params, tx=tx, key=random.key(s.cfg.seed, device=s.device))]
     step = jit(train_step(lm_loss(s.model), skip_nonfinite=skip_nonfinite, compute_dtype=compute_dtype),
@@ -61,7 +63,8 @@ def ember_variant(s: Setup, *, backend: str, donate: str = "state", compute_dtyp
                    dtype=str(compute_dtype or torch.float32).replace("torch.", ""),
                    notes=f"ember.core.jit(train_step(skip_nonfinite={skip_nonfinite}), backend={backend!r}, "
                          f"donate={donate!r}{''.join(f', {k}={v!r}' for k, v in jit_options.items())})"
-                         + ("" if patches else ", EMBER_DISABLE_PATCHES=all"))
+                         + ("" if patches else ", EMBER_DISABLE_PATCHES=all")
+                         + ("" if optimizer == "adamw" else f", --optim.name {optimizer}"))
 
 
 def _listed_variant(s: Setup, compute_dtype: Optional[torch.dtype] = None) -> Variant:
@@ -85,6 +88,9 @@ VARIANTS: Dict[str, Callable[[Setup], Variant]] = {
     "ember_inductor_bf16_list": lambda s: _listed_variant(s, compute_dtype=torch.bfloat16),
     "ember_inductor_no_patches": lambda s: ember_variant(s, backend="inductor", patches=False),
     "ember_eager": lambda s: ember_variant(s, backend="eager"),
+    # Muon for the hidden matrices, AdamW for the rest (--optim.name muon), against the AdamW rows above
+    "ember_inductor_muon": lambda s: ember_variant(s, backend="inductor", optimizer="muon"),
+    "ember_eager_muon": lambda s: ember_variant(s, backend="eager", optimizer="muon"),
     # Inductor's own realize_reads_threshold (4) instead of ember's default (16): the update's new moments written
     # twice (BENCHMARKS.md, "Why the 125M update writes its moments twice")
     "ember_inductor_reads4": lambda s: ember_variant(s, backend="inductor", options={"realize_reads_threshold": 4}),

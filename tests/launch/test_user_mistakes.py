@@ -53,6 +53,9 @@ MISTAKES = {
                          r"split into 2 equal stages: pass --model.n_layers 2 \(a multiple of 2\)\. "),
     "cp-sequence-uneven": (["--nproc-per-node", "2", "--mesh", "cp=2", "--data.seq_len", "30"],
                            r"a sequence of 30 tokens does not split into 2 x cp = 4 .* multiple of 4 \(--data.seq_len\)"),
+    "muon-flag-with-adamw": (["--optim.muon_momentum", "0.9"], r"optim.muon_momentum is read by Muon only, but "
+                             r"optim.name='adamw'; drop --optim.muon_momentum or choose --optim.name muon"),
+    "muon-with-lora": (["--optim.name", "muon", "--lora.rank", "2"], "train LoRA with --optim.name adamw"),
     "cuda-graph-eager": (["--cuda_graph", "True"], "--cuda_graph True captures the Inductor-compiled step, but "
                                                    "--backend eager compiles none; pass --backend inductor"),
 }

@@ -5,6 +5,7 @@ per group in the step's metrics; bad labels get one line naming the fix. Parity 
 from __future__ import annotations
 
 import pytest
+import torch
 from optim_testlib import max_abs_diff, mlp_grad, mlp_loss, mlp_params, run_steps
 
 from ember import optim
@@ -85,3 +86,22 @@ def test_transforms_must_be_a_mapping_of_transformations():
         optim.partition([optim.sgd(0.1)], by_rank)
     with pytest.raises(TypeError, match=r"partition\(transforms=\{'matrix': \.\.\.\}\)"):
         optim.partition({"matrix": optim.sgd}, by_rank)
+
+
+def test_a_checkpoint_restores_its_groups_and_refuses_moved_leaves_naming_them(tmp_path):
+    """The same groups restore bitwise; a leaf moved to another group is refused before anything is read,
+    naming the moved leaf's state on both sides and the fix (the optimizer changed, not the model)."""
+    from ember.core.checkpoint import CheckpointError, CheckpointManager
+
+    def state(labels):
+        return TrainState.create(params=mlp_params(), tx=optim.partition(GROUPS, labels))
+
+    manager = CheckpointManager(str(tmp_path), save_every=1, async_save=False)
+    saved = state(by_rank)
+    manager.save(0, saved)
+    back, _, _ = manager.restore(0, like=state(by_rank))
+    assert all(torch.equal(a, b) for a, b in zip(pytree.tree_leaves(back.opt_state), pytree.tree_leaves(saved.opt_state)))
+    moved = {"l1": {"w": "vector", "b": "vector"}, "l2": {"w": "matrix", "b": "vector"}}
+    with pytest.raises(CheckpointError, match=r"(?s)inner_states.vector.*l1.w.*the optimizer differs from the "
+                                              r"checkpoint's .* restore the parameters alone \(restore_params\)"):
+        manager.restore(0, like=state(moved))
