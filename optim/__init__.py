@@ -19,8 +19,9 @@ Public names, by module:
   `get_hyperparams`.
 - schedules: `constant_schedule`, `linear_schedule`, `polynomial_schedule`,
   `cosine_decay_schedule`, `warmup_cosine_decay_schedule`, `join_schedules`,
-  `warmup_constant_schedule`, `warmup_stable_decay_schedule`.
-- building blocks: `clip_by_global_norm`, `clip_by_block_rms` (clipping); `masked`, `MaskedState`,
+  `warmup_constant_schedule`, `warmup_stable_decay_schedule`, `exponential_decay`.
+- building blocks: `clip`, `clip_by_global_norm`, `clip_by_block_rms` (clipping); `scale_by_rms`,
+  `ScaleByRmsState`, `zero_nans`, `ZeroNansState` (rms); `masked`, `MaskedState`,
   `decay_mask` (masking); `add_decayed_weights` (weight_decay); `scale`, `scale_by_learning_rate`, `scale_by_schedule`, `ScaleByScheduleState` (scaling);
   `scale_by_adam`, `ScaleByAdamState` (adam); `trace`, `TraceState`, `ema`, `EmaState`
   (momentum); `scale_by_lion`, `ScaleByLionState` (lion); `scale_by_factored_rms`,
@@ -66,6 +67,7 @@ from .base import TransformUpdateFn as TransformUpdateFn
 from .base import apply_updates as apply_updates
 from .base import identity as identity
 from .base import stateless as stateless
+from .clipping import clip as clip
 from .clipping import clip_by_block_rms as clip_by_block_rms
 from .clipping import clip_by_global_norm as clip_by_global_norm
 from .clipping import global_norm as global_norm
@@ -104,7 +106,12 @@ from .muon import scale_by_muon as scale_by_muon
 from .muon import scale_by_shape as scale_by_shape
 from .partition import PartitionState as PartitionState
 from .partition import partition as partition
+from .rms import ScaleByRmsState as ScaleByRmsState
+from .rms import ZeroNansState as ZeroNansState
+from .rms import scale_by_rms as scale_by_rms
+from .rms import zero_nans as zero_nans
 from .schedules import constant_schedule as constant_schedule
+from .schedules import exponential_decay as exponential_decay
 from .schedules import cosine_decay_schedule as cosine_decay_schedule
 from .schedules import join_schedules as join_schedules
 from .schedules import linear_schedule as linear_schedule
@@ -132,10 +139,12 @@ __all__ = [
     "ScaleByFactoredRmsState",
     "ScaleByLionState",
     "ScaleByMuonState",
+    "ScaleByRmsState",
     "ScaleByScheduleState",
     "TraceState",
     "TransformInitFn",
     "TransformUpdateFn",
+    "ZeroNansState",
     "adafactor",
     "adam",
     "adamw",
@@ -143,12 +152,14 @@ __all__ = [
     "apply_if_finite",
     "apply_updates",
     "chain",
+    "clip",
     "clip_by_block_rms",
     "clip_by_global_norm",
     "constant_schedule",
     "cosine_decay_schedule",
     "decay_mask",
     "ema",
+    "exponential_decay",
     "from_config",
     "get_hyperparams",
     "global_norm",
@@ -171,6 +182,7 @@ __all__ = [
     "scale_by_lion",
     "scale_by_muon",
     "scale_by_param_block_rms",
+    "scale_by_rms",
     "scale_by_schedule",
     "scale_by_shape",
     "schedule_from_config",
@@ -181,6 +193,7 @@ __all__ = [
     "warmup_constant_schedule",
     "warmup_cosine_decay_schedule",
     "warmup_stable_decay_schedule",
+    "zero_nans",
 ]
 
 _REMOVED = ("balance_experts", "sign_of_load", "expert_bias_mask")

@@ -11,17 +11,18 @@ from typing import Dict, Sequence, Tuple
 
 _OPTIMIZERS = "ember's optimizers are adamw, adam, sgd, lion, adafactor and muon (or chain(...) its building blocks)"
 _SCHEDULES = ("ember's schedules are constant_schedule, linear_schedule, polynomial_schedule, cosine_decay_schedule, "
-              "warmup_cosine_decay_schedule, warmup_constant_schedule, warmup_stable_decay_schedule and join_schedules")
+              "warmup_cosine_decay_schedule, warmup_constant_schedule, warmup_stable_decay_schedule, exponential_decay "
+              "and join_schedules")
 _GROUPS: Tuple[Tuple[str, str], ...] = (
     ("adabelief adadelta adagrad adamax adamaxw adan amsgrad fromage lamb lars lbfgs nadam nadamw noisy_sgd novograd "
      "optimistic_adam optimistic_adam_v2 optimistic_gradient_descent polyak_sgd radam rmsprop rprop sign_sgd signum "
      "sm3 yogi", f"an optimizer ember.optim does not have yet; {_OPTIMIZERS}"),
-    ("exponential_decay piecewise_constant_schedule piecewise_interpolate_schedule cosine_onecycle_schedule "
+    ("piecewise_constant_schedule piecewise_interpolate_schedule cosine_onecycle_schedule "
      "linear_onecycle_schedule sgdr_schedule warmup_exponential_decay_schedule",
      f"a schedule ember.optim does not have; {_SCHEDULES} (a schedule is any function of the step count)"),
-    ("clip adaptive_grad_clip per_example_global_norm_clip per_example_layer_norm_clip",
-     "a clipping ember.optim does not have; ember's are clip_by_global_norm and clip_by_block_rms"),
-    ("zero_nans skip_not_finite skip_large_updates",
+    ("adaptive_grad_clip per_example_global_norm_clip per_example_layer_norm_clip",
+     "a clipping ember.optim does not have; ember's are clip, clip_by_global_norm and clip_by_block_rms"),
+    ("skip_not_finite skip_large_updates",
      "ember.optim handles non-finite gradients with apply_if_finite(inner, max_consecutive_errors), which skips "
      "the update of a step whose gradients are not finite"),
     ("multi_transform", "ember.optim's is partition(transforms, param_labels), optax's newer name for it"),
@@ -31,11 +32,12 @@ _GROUPS: Tuple[Tuple[str, str], ...] = (
     ("apply_every", "ember.optim accumulates gradients with multi_steps / MultiSteps(inner, every_k_schedule)"),
     ("inject_stateful_hyperparams", "ember.optim's is inject_hyperparams (set_hyperparams changes a value)"),
     ("named_chain lookahead", "ember.optim composes transformations with chain"),
-    ("scale_by_rms scale_by_stddev scale_by_sign scale_by_trust_ratio scale_by_belief scale_by_radam "
+    ("scale_by_stddev scale_by_sign scale_by_trust_ratio scale_by_belief scale_by_radam "
      "scale_by_amsgrad scale_by_novograd scale_by_yogi scale_by_sm3 scale_by_adamax scale_by_adadelta scale_by_adan "
      "scale_by_rss scale_by_rprop scale_by_polyak scale_by_lbfgs scale_by_optimistic_gradient "
      "scale_by_param_block_norm scale_by_distance_over_gradients scale_gradient",
-     "a scaling ember.optim does not have; ember's are scale, scale_by_adam, scale_by_lion, scale_by_factored_rms, "
+     "a scaling ember.optim does not have; ember's are scale, scale_by_adam, scale_by_rms, scale_by_lion, "
+     "scale_by_factored_rms, "
      "scale_by_param_block_rms, scale_by_learning_rate and scale_by_schedule"),
     ("contrib experimental second_order projections perturbations assignment microbatching monitor",
      "an optax namespace ember.optim does not mirror; " + _OPTIMIZERS),

@@ -1,6 +1,7 @@
 """Gradient clipping: by the global norm of all updates, or by each update's RMS.
 
-Public names: `clip_by_global_norm`, `clip_by_block_rms`, `global_norm` (optax.global_norm: the norm
+Public names: `clip` (each element to [-max_delta, max_delta]), `clip_by_global_norm`, `clip_by_block_rms`,
+`global_norm` (optax.global_norm: the norm
 `clip_by_global_norm` compares, from `ember.core.tree_math`).
 
 Both are stateless (`EmptyState`) and take their threshold as a Python number or a 0-d tensor,
@@ -17,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, List, Optional, Union
 
 import torch
 from torch import Tensor
@@ -28,12 +29,33 @@ from ..core.types import Params, Updates
 from . import _foreach
 from .base import GradientTransformation, stateless
 
-__all__ = ["clip_by_block_rms", "clip_by_global_norm", "global_norm"]
+__all__ = ["clip", "clip_by_block_rms", "clip_by_global_norm", "global_norm"]
 
 
 def _check_positive(fn: str, name: str, value: Union[float, Tensor]) -> None:
     if _foreach.is_number(value) and not value > 0:
         raise ValueError(f"{fn}({name}=...) must be positive, got {name}={value}.")
+
+
+def _on_leaves(fn: Callable[[List[Tensor]], List[Tensor]]) -> GradientTransformation:
+    """A stateless transformation mapping the flat list of update leaves with `fn` (no leaves: unchanged)."""
+
+    def update(updates: Updates, params: Optional[Params]) -> Updates:
+        del params
+        leaves, spec = tree_flatten(updates)
+        return tree_unflatten(list(fn(leaves)), spec) if leaves else updates
+
+    return stateless(update)
+
+
+def clip(max_delta: Union[float, Tensor]) -> GradientTransformation:
+    """Clamp every element of every update to `[-max_delta, max_delta]` (optax's `clip`).
+
+    Raises:
+        ValueError: `max_delta` is a number `<= 0`.
+    """
+    _check_positive("clip", "max_delta", max_delta)
+    return _on_leaves(lambda leaves: torch._foreach_minimum(torch._foreach_maximum(leaves, -max_delta), max_delta))
 
 
 def clip_by_global_norm(max_norm: Union[float, Tensor]) -> GradientTransformation:
@@ -58,16 +80,11 @@ def clip_by_global_norm(max_norm: Union[float, Tensor]) -> GradientTransformatio
     """
     _check_positive("clip_by_global_norm", "max_norm", max_norm)
 
-    def clip(updates: Updates, params: Optional[Params]) -> Updates:
-        del params
-        leaves, spec = tree_flatten(updates)
-        if not leaves:
-            return updates
+    def clip(leaves: List[Tensor]) -> List[Tensor]:
         norm = global_norm(leaves)
-        factor = torch.where(norm < max_norm, 1.0, max_norm / norm)
-        return tree_unflatten(_foreach.mul(leaves, factor), spec)
+        return _foreach.mul(leaves, torch.where(norm < max_norm, 1.0, max_norm / norm))
 
-    return stateless(clip)
+    return _on_leaves(clip)
 
 
 def clip_by_block_rms(threshold: Union[float, Tensor]) -> GradientTransformation:
@@ -84,13 +101,8 @@ def clip_by_block_rms(threshold: Union[float, Tensor]) -> GradientTransformation
     """
     _check_positive("clip_by_block_rms", "threshold", threshold)
 
-    def clip(updates: Updates, params: Optional[Params]) -> Updates:
-        del params
-        leaves, spec = tree_flatten(updates)
-        if not leaves:
-            return updates
-        rms = _foreach.per_leaf_rms(leaves)
-        denom = _foreach.scalar_map(lambda r: torch.clamp_min(r / threshold, 1.0), rms)
-        return tree_unflatten(list(torch._foreach_div(leaves, denom)), spec)
+    def clip(leaves: List[Tensor]) -> List[Tensor]:
+        denom = _foreach.scalar_map(lambda r: torch.clamp_min(r / threshold, 1.0), _foreach.per_leaf_rms(leaves))
+        return torch._foreach_div(leaves, denom)
 
-    return stateless(clip)
+    return _on_leaves(clip)

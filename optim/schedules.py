@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -29,6 +29,7 @@ from torch import Tensor
 from ..core.types import Schedule
 
 __all__ = [
+    "exponential_decay",
     "constant_schedule",
     "cosine_decay_schedule",
     "join_schedules",
@@ -183,6 +184,40 @@ def cosine_decay_schedule(
         t = _f32(torch.clamp(count, max=decay_steps))
         cosine = 0.5 * (1 + torch.cos(math.pi * t / decay_steps))
         return _f32(init_value * ((1 - alpha) * cosine**exponent + alpha))
+
+    return schedule
+
+
+def exponential_decay(init_value: Number, transition_steps: int, decay_rate: float, transition_begin: int = 0,
+                      staircase: bool = False, end_value: Optional[Number] = None) -> Schedule:
+    """`init_value * decay_rate ** ((count - transition_begin) / transition_steps)` (optax's `exponential_decay`).
+
+    `init_value` up to `transition_begin`; with `staircase` the exponent is floored (a drop every
+    `transition_steps`); `end_value` bounds the decay (a floor when `decay_rate < 1`, a ceiling above 1).
+    `transition_steps <= 0` or `decay_rate == 0` gives a constant schedule at `init_value`.
+
+    Example:
+        >>> import torch
+        >>> from ember import optim
+        >>> s = optim.exponential_decay(1.0, transition_steps=2, decay_rate=0.5, staircase=True)
+        >>> [s(torch.tensor(t)).item() for t in (0, 1, 2, 4)]
+        [1.0, 1.0, 0.5, 0.25]
+    """
+    if transition_steps <= 0 or decay_rate == 0:
+        return constant_schedule(init_value)
+    begin = max(transition_begin, 0)
+
+    def schedule(count: Tensor) -> Tensor:
+        count = _as_count(count)
+        since = (count - begin).to(torch.float32)
+        p = since / transition_steps
+        if staircase:
+            p = torch.floor(p)
+        value = torch.where(since <= 0, init_value, init_value * torch.pow(torch.tensor(decay_rate, dtype=torch.float32,
+                                                                                         device=count.device), p))
+        if end_value is not None:
+            value = (torch.clamp_min if decay_rate < 1.0 else torch.clamp_max)(value, end_value)
+        return _f32(value)
 
     return schedule
 

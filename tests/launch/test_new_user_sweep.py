@@ -207,7 +207,7 @@ tree = {"ln": {"scale": 1.0}}
 paths = [keystr(p) for p, _ in tree_flatten_with_path(tree)[0]] + [keystr(p) for p, _ in tree_leaves_with_path(tree)]
 paths.append(tree_map_with_path(lambda p, x: keystr(p), tree)["ln"]["scale"])
 missing = {}
-for name in ["clip", "zero_nans", "exponential_decay", "piecewise_constant_schedule", "contrib"]:
+for name in ["adaptive_grad_clip", "skip_not_finite", "sgdr_schedule", "piecewise_constant_schedule", "contrib"]:
     try:
         getattr(optim, name)
     except AttributeError as error:
@@ -225,8 +225,9 @@ def test_jax_and_optax_habits_get_jax_paths_and_ember_names(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["paths"] == ["ln.scale"] * 3
-    instead = {"clip": "clip_by_global_norm", "zero_nans": "apply_if_finite", "exponential_decay": "cosine_decay_schedule",
-               "piecewise_constant_schedule": "join_schedules", "contrib": "adamw"}
+    instead = {"adaptive_grad_clip": "clip_by_global_norm", "skip_not_finite": "apply_if_finite",
+               "sgdr_schedule": "cosine_decay_schedule", "piecewise_constant_schedule": "join_schedules",
+               "contrib": "adamw"}
     for name, ours in instead.items():
         assert ours in found["missing"][name] and hasattr(optim, ours), (name, found["missing"][name])
     assert "`ember.core.pytree`" in (ROOT / "README.md").read_text()

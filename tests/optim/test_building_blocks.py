@@ -60,6 +60,23 @@ def test_clip_by_block_rms_bounds_each_leaf():
     assert torch.equal(out["b"], grads["b"])
 
 
+def test_clip_bounds_each_element_and_refuses_a_non_positive_bound():
+    tx = optim.clip(0.5)
+    updates, _ = tx.update({"w": torch.tensor([2.0, -3.0, 0.25])}, tx.init(None))
+    assert updates["w"].tolist() == [0.5, -0.5, 0.25]
+    with pytest.raises(ValueError, match=r"clip\(max_delta=...\) must be positive, got max_delta=0"):
+        optim.clip(0)
+
+
+def test_zero_nans_zeroes_nans_records_the_leaves_and_lets_infs_pass():
+    tx = optim.zero_nans()
+    state = tx.init({"a": torch.zeros(3), "b": torch.zeros(2)})
+    grads = {"a": torch.tensor([1.0, float("nan"), float("inf")]), "b": torch.tensor([1.0, 2.0])}
+    updates, state = tx.update(grads, state)
+    assert updates["a"].tolist() == [1.0, 0.0, float("inf")] and torch.equal(updates["b"], grads["b"])
+    assert bool(state.found_nan["a"]) and not bool(state.found_nan["b"])
+
+
 def test_masked_passes_masked_out_updates_through():
     params = mlp_params()
     grads = mlp_grad(params)

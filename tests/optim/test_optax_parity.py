@@ -90,6 +90,21 @@ OPTAX_PARITY_CASES = [  # (id, ember factory, optax factory)
         lambda: optim.chain(optim.scale_by_adam(nesterov=True), optim.scale(-1e-2)),
         lambda: optax.chain(optax.scale_by_adam(nesterov=True), optax.scale(-1e-2)),
     ),
+    (  # RMSProp by blocks, with the everyday guards: elementwise clip and NaNs to zero. eps 1e-4: RMSProp divides
+        # by |g|, and where g is tiny the two frameworks' rsqrt roundings grow (1.4e-6 at eps 1e-6, 4e-7 unclipped)
+        "zero_nans_clip_rms_by_blocks",
+        lambda: optim.chain(optim.zero_nans(), optim.clip(0.05), optim.scale_by_rms(decay=0.9, eps=1e-4),
+                            optim.scale(-1e-2)),
+        lambda: optax.chain(optax.zero_nans(), optax.clip(0.05), optax.scale_by_rms(decay=0.9, eps=1e-4),
+                            optax.scale(-1e-2)),
+    ),
+    (
+        "rms_bias_corrected_eps_outside",
+        lambda: optim.chain(optim.scale_by_rms(0.99, 1e-8, initial_scale=0.1, eps_in_sqrt=False,
+                                               bias_correction=True), optim.scale(-1e-3)),
+        lambda: optax.chain(optax.scale_by_rms(0.99, 1e-8, initial_scale=0.1, eps_in_sqrt=False,
+                                               bias_correction=True), optax.scale(-1e-3)),
+    ),
     (
         "adam",
         lambda: optim.adam(1e-2),
@@ -222,6 +237,12 @@ SCHEDULE_CASES = [  # (id, ember schedule, optax schedule)
     ),
 ]
 SCHEDULE_CASES += [
+    ("exponential", optim.exponential_decay(1e-3, 20, 0.5, transition_begin=5),
+     lambda: optax.exponential_decay(1e-3, 20, 0.5, transition_begin=5)),
+    ("exponential_staircase_floor", optim.exponential_decay(1.0, 7, 0.8, staircase=True, end_value=0.3),
+     lambda: optax.exponential_decay(1.0, 7, 0.8, staircase=True, end_value=0.3)),
+    ("exponential_growth_ceiling", optim.exponential_decay(0.1, 10, 1.5, end_value=0.5),
+     lambda: optax.exponential_decay(0.1, 10, 1.5, end_value=0.5)),
     ("warmup_constant", optim.warmup_constant_schedule(1e-4, 3e-3, warmup_steps=25),
      lambda: optax.warmup_constant_schedule(1e-4, 3e-3, 25)),
     # WSD has no optax name: optax's pieces joined (a linear tail, a cosine tail)
