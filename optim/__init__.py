@@ -31,6 +31,8 @@ Public names, by module:
   `ApplyIfFiniteState` (skip non-finite gradients); `global_norm` (clipping).
 - muon: `muon`, `scale_by_muon`, `scale_by_shape`, `orthogonalize_via_newton_schulz`,
   `MuonDimensionNumbers`, `ScaleByMuonState`, `muon_labels`.
+- schedule_free: `schedule_free`, `schedule_free_adamw`, `schedule_free_eval_params`, `ScheduleFreeState`
+  (optax.contrib's).
 - aliases: `adamw`, `adam`, `sgd`, `lion`, `adafactor`; config: `OptimConfig`, `from_config`,
   `schedule_from_config`.
 
@@ -110,6 +112,10 @@ from .rms import ScaleByRmsState as ScaleByRmsState
 from .rms import ZeroNansState as ZeroNansState
 from .rms import scale_by_rms as scale_by_rms
 from .rms import zero_nans as zero_nans
+from .schedule_free import ScheduleFreeState as ScheduleFreeState
+from .schedule_free import schedule_free as schedule_free
+from .schedule_free import schedule_free_adamw as schedule_free_adamw
+from .schedule_free import schedule_free_eval_params as schedule_free_eval_params
 from .schedules import constant_schedule as constant_schedule
 from .schedules import exponential_decay as exponential_decay
 from .schedules import cosine_decay_schedule as cosine_decay_schedule
@@ -141,6 +147,7 @@ __all__ = [
     "ScaleByMuonState",
     "ScaleByRmsState",
     "ScaleByScheduleState",
+    "ScheduleFreeState",
     "TraceState",
     "TransformInitFn",
     "TransformUpdateFn",
@@ -185,6 +192,9 @@ __all__ = [
     "scale_by_rms",
     "scale_by_schedule",
     "scale_by_shape",
+    "schedule_free",
+    "schedule_free_adamw",
+    "schedule_free_eval_params",
     "schedule_from_config",
     "set_hyperparams",
     "sgd",

@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 from typing import Dict, Sequence, Tuple
 
-_OPTIMIZERS = "ember's optimizers are adamw, adam, sgd, lion, adafactor and muon (or chain(...) its building blocks)"
+_OPTIMIZERS = ("ember's optimizers are adamw, adam, sgd, lion, adafactor, muon and schedule_free_adamw (or chain(...) "
+               "its building blocks)")
 _SCHEDULES = ("ember's schedules are constant_schedule, linear_schedule, polynomial_schedule, cosine_decay_schedule, "
               "warmup_cosine_decay_schedule, warmup_constant_schedule, warmup_stable_decay_schedule, exponential_decay "
               "and join_schedules")

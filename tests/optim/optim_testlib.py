@@ -103,6 +103,7 @@ OPTIMIZERS_UNDER_TEST: List[Case] = [
     Case("multi_steps_adam", lambda: optim.multi_steps(optim.adam(5e-2), every_k=2), 600),
     # the matrices to Muon (each orthogonalised whole on a mesh), the biases to its AdamW group
     Case("muon", lambda: optim.muon(2e-2, weight_decay=1e-4, adam_learning_rate=5e-2)),
+    Case("schedule_free_adamw", lambda: optim.schedule_free_adamw(5e-2, warmup_steps=5, weight_decay=1e-4)),
     Case("partition_adamw_sgd", lambda: optim.partition(
         {"matrix": optim.adamw(5e-2, weight_decay=1e-4), "vector": optim.sgd(0.05, momentum=0.9)},
         lambda p: pytree.tree_map(lambda x: "matrix" if x.ndim >= 2 else "vector", p))),
