@@ -62,3 +62,28 @@ def test_train_py_trains_with_muon(tmp_path):
     assert run_main(lambda: train.main(argv)) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("lr/adam" in row for row in rows) and all(row.get("loss", 0.0) == row.get("loss", 0.0) for row in rows)
+
+
+def test_a_muon_run_resumed_from_a_checkpoint_is_bit_identical(tmp_path):
+    from ember.core.checkpoint import CheckpointManager
+
+    model = build_model("llama3", "tiny", **LLAMA)
+    tx = optim.from_config(optim.OptimConfig(name="muon", schedule="wsd", warmup_steps=1), total_steps=4,
+                           axes=model.axes)
+    fresh = lambda: TrainState.create(params=model.init(random.key(0)), tx=tx, key=random.key(2))  # noqa: E731
+    tokens = random.randint(random.key(1), (4, 4, 17), 0, LLAMA["vocab_size"])
+    batches = [{"inputs": t[:, :-1], "targets": t[:, 1:]} for t in tokens]
+    step = train_step(lm_loss(model))
+    straight = fresh()
+    for batch in batches:
+        straight, _ = step(straight, batch)
+    resumed = fresh()
+    for batch in batches[:2]:
+        resumed, _ = step(resumed, batch)
+    manager = CheckpointManager(str(tmp_path), save_every=1, async_save=False)
+    manager.save(2, resumed)
+    resumed, _, _ = manager.restore(2, like=fresh())
+    for batch in batches[2:]:
+        resumed, _ = step(resumed, batch)
+    for (path, a), (_, b) in zip(tree_leaves_with_path(straight), tree_leaves_with_path(resumed)):
+        assert torch.equal(a, b), path
