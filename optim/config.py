@@ -25,7 +25,7 @@ from .clipping import clip_by_global_norm
 from .combining import chain
 from .hyperparams import inject_hyperparams
 from .masking import decay_mask
-from .muon import muon, muon_labels
+from .muon import muon
 from .schedules import (constant_schedule, cosine_decay_schedule, warmup_cosine_decay_schedule,
                         warmup_stable_decay_schedule)
 
@@ -35,7 +35,7 @@ def _muon(c: "OptimConfig", lr: Schedule, adam_lr: Schedule, axes: PyTree) -> Gr
     return muon(lr, beta=c.muon_momentum, eps=c.eps, weight_decay=c.weight_decay, nesterov=True, adam_b1=c.b1,
                 adam_b2=c.b2, adam_weight_decay=c.weight_decay, adam_learning_rate=adam_lr,
                 consistent_rms=0.2 if c.muon_adjust_lr == "match_rms_adamw" else None,
-                param_labels=muon_labels(axes))
+                param_axes=axes)
 
 
 # The one list of optimizer names: `OptimConfig.name` offers exactly these (tyro's --help lists them); muon,

@@ -10,7 +10,8 @@ learning rate; the others (`"adam"`) get AdamW. The labels and the meaning are o
 of layout: a matrix here is torch's `(out, in)` (`MuonDimensionNumbers(reduction_axis=-1, output_axis=-2)`,
 every leading axis a batch: a stack of layers or of experts is orthogonalised matrix by matrix), where
 optax's is `(in, out)`. optax labels every 2-D leaf `"muon"`; for an ember model, whose stacked norms are 2-D
-too, label by the model's logical axes: `muon(lr, param_labels=muon_labels(model.axes))`.
+too, give the model's logical axes: `muon(lr, param_axes=model.axes)` labels by them (`muon_labels`) and places
+each sharded matrix's iteration by them on torch_xla (`on_whole_axes`; DTensor reads its placements).
 
 Example:
     >>> import torch
@@ -114,6 +115,16 @@ def orthogonalize_via_newton_schulz(x: Tensor, ns_coeffs: Sequence[float] = NS_C
     return back(m.to(x.dtype))
 
 
+def _leaf_axes(weight_axes: PyTree, updates: Updates) -> list:
+    """The logical axes of each leaf of `updates` (the params' structure, a group's other leaves `MaskedNode`s)."""
+    slots, _ = tree_flatten(updates, is_leaf=lambda x: isinstance(x, pytree.MaskedNode))
+    axes, _ = tree_flatten(weight_axes, is_leaf=lambda x: isinstance(x, tuple))
+    if len(axes) != len(slots):
+        raise ValueError(f"scale_by_muon(weight_axes=...) names {len(axes)} leaves but the params have {len(slots)}; "
+                         f"pass the model's own axes (model.axes).")
+    return [a for slot, a in zip(slots, axes) if not isinstance(slot, pytree.MaskedNode)]
+
+
 @pytree.dataclass
 class ScaleByMuonState:
     """State of `scale_by_muon`: the 0-d int64 step `count` and the momentum `mu` (params' structure)."""
@@ -126,7 +137,8 @@ def scale_by_muon(ns_coeffs: Sequence[float] = NS_COEFFS, ns_steps: int = 5, bet
                   eps: Scalar = 1e-8, mu_dtype: Optional[torch.dtype] = None, *, nesterov: bool = True,
                   weight_dimension_numbers: Optional[MuonDimensionNumbers] = None,
                   ns_dtype: Optional[torch.dtype] = None,
-                  ns_placement: Optional[WholeAxesPlacement] = None) -> GradientTransformation:
+                  ns_placement: Optional[WholeAxesPlacement] = None,
+                  weight_axes: Optional[PyTree] = None) -> GradientTransformation:
     """Momentum, bias-corrected (with Nesterov's look-ahead), then orthogonalised: optax.contrib's `scale_by_muon`.
 
     Args:
@@ -141,6 +153,8 @@ def scale_by_muon(ns_coeffs: Sequence[float] = NS_COEFFS, ns_steps: int = 5, bet
         ns_placement: where a sharded matrix is orthogonalised whole (`on_whole_axes`): `"owner"`, one
             process per matrix, `"gather"`, every process every matrix, or None: owner where the mesh has an
             all-to-all, gather on a CPU mesh.
+        weight_axes: the params' logical axes (`model.axes`): on torch_xla the placements become sharding
+            constraints from them (without them XLA's partitioner places the iteration itself).
     """
     dims = weight_dimension_numbers or MuonDimensionNumbers()
 
@@ -162,7 +176,9 @@ def scale_by_muon(ns_coeffs: Sequence[float] = NS_COEFFS, ns_steps: int = 5, bet
             mu_hat = torch._foreach_div(mu, _foreach.bias_correction(beta, count))
         plain_eps = eps.to_local() if is_dtensor(eps) else eps  # a hyperparameter of a sharded state
         ns = lambda m: orthogonalize_via_newton_schulz(m, ns_coeffs, ns_steps, plain_eps, dims, ns_dtype)  # noqa: E731
-        out = [on_whole_axes(ns, m, _matrix_axes(m.dim(), dims), placement=ns_placement) for m in mu_hat]
+        axes = _leaf_axes(weight_axes, updates) if weight_axes is not None else [None] * len(mu_hat)
+        out = [on_whole_axes(ns, m, _matrix_axes(m.dim(), dims), placement=ns_placement, axes=a)
+               for m, a in zip(mu_hat, axes)]
         mu = _foreach.cast(mu, _foreach.dtypes_of(mu_old))
         return tree_unflatten(out, spec), ScaleByMuonState(count=count, mu=tree_unflatten(mu, spec))
 
@@ -214,10 +230,11 @@ def _muon_chain(learning_rate: Scalar, beta: Scalar, eps: Scalar, weight_decay: 
                 ns_coeffs: Sequence[float], ns_steps: int, weight_decay_mask: Any, mu_dtype: Optional[torch.dtype],
                 nesterov: bool, dims: Optional[MuonDimensionNumbers], consistent_rms: Optional[float],
                 ns_dtype: Optional[torch.dtype], ns_placement: Optional[WholeAxesPlacement],
-                param_labels: Any) -> GradientTransformation:
+                param_axes: Optional[PyTree], param_labels: Any) -> GradientTransformation:
     return partition({
         "muon": chain(scale_by_muon(ns_coeffs, ns_steps, beta, eps, mu_dtype, nesterov=nesterov,
-                                    weight_dimension_numbers=dims, ns_dtype=ns_dtype, ns_placement=ns_placement),
+                                    weight_dimension_numbers=dims, ns_dtype=ns_dtype, ns_placement=ns_placement,
+                                    weight_axes=param_axes),
                       scale_by_shape(dims, consistent_rms),
                       add_decayed_weights(weight_decay, weight_decay_mask),
                       scale_by_learning_rate(learning_rate)),
@@ -234,21 +251,25 @@ def muon(learning_rate: ScalarOrSchedule, ns_coeffs: Sequence[float] = NS_COEFFS
          adam_learning_rate: Optional[ScalarOrSchedule] = None,
          muon_weight_dimension_numbers: Optional[MuonDimensionNumbers] = None,
          consistent_rms: Optional[float] = None, ns_dtype: Optional[torch.dtype] = None,
-         ns_placement: Optional[WholeAxesPlacement] = None, param_labels: Any = None) -> GradientTransformation:
+         ns_placement: Optional[WholeAxesPlacement] = None, param_axes: Optional[PyTree] = None,
+         param_labels: Any = None) -> GradientTransformation:
     """Muon for the leaves labelled `"muon"`, AdamW for those labelled `"adam"`: optax.contrib's `muon`.
 
     Its hyperparameters are 0-d tensors in the state (`inject_hyperparams`): changing a rate never recompiles.
     `ns_dtype` runs the Newton-Schulz iteration in another dtype (`torch.bfloat16`, as torch.optim.Muon does),
     `ns_placement` places it on a mesh (`scale_by_muon`);
     `param_labels` (a tree of `"muon"` / `"adam"`, or a function of the params) defaults to optax's rule, every
-    2-D leaf to Muon; for an ember model pass `muon_labels(model.axes)`. The other arguments are optax's.
+    2-D leaf to Muon; for an ember model pass `param_axes=model.axes`, which labels by `muon_labels(model.axes)`
+    and places the iteration on torch_xla too. The other arguments are optax's.
     """
+    if param_labels is None:
+        param_labels = _default_labels if param_axes is None else muon_labels(param_axes)
     return inject_hyperparams(_muon_chain, static_args=(
         "ns_coeffs", "ns_steps", "weight_decay_mask", "mu_dtype", "nesterov", "dims", "consistent_rms", "ns_dtype",
-        "ns_placement", "param_labels"))(
+        "ns_placement", "param_axes", "param_labels"))(
         learning_rate=learning_rate, beta=beta, eps=eps, weight_decay=weight_decay, adam_b1=adam_b1,
         adam_b2=adam_b2, adam_eps_root=adam_eps_root, adam_weight_decay=adam_weight_decay,
         adam_learning_rate=learning_rate if adam_learning_rate is None else adam_learning_rate,
         ns_coeffs=tuple(ns_coeffs), ns_steps=ns_steps, weight_decay_mask=weight_decay_mask, mu_dtype=mu_dtype,
         nesterov=nesterov, dims=muon_weight_dimension_numbers, consistent_rms=consistent_rms, ns_dtype=ns_dtype,
-        ns_placement=ns_placement, param_labels=_default_labels if param_labels is None else param_labels)
+        ns_placement=ns_placement, param_axes=param_axes, param_labels=param_labels)

@@ -16,8 +16,11 @@ DTensor runs each all-to-all as an all-gather there: twice the gather's bytes, m
   own shard of the result (a slice, no collective). Each process computes every matrix.
 
 A split of any other axis (experts under `ep`, layers under a pipeline) is kept: those matrices are whole on
-their process already and move nowhere. A plain tensor (one device) and a torch_xla tensor, whose SPMD
-partitioner places the work from the shardings it propagates, go straight to `fn`.
+their process already and move nowhere. On torch_xla, given the tensor's logical `axes`, the same placements are
+sharding constraints around `fn` (the params rules' spec with the whole axes' split dropped, or moved to the
+stacking axis; default `"owner"`: XLA has an all-to-all), and XLA's partitioner emits the same collectives;
+without `axes` it places the work itself (it keeps the matrices split and communicates inside `fn`). A plain
+tensor (one device) goes straight to `fn`.
 
 Example:
     >>> import torch
@@ -27,11 +30,15 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Literal, Optional, Sequence
+import math
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
 
 from torch import Tensor
 
 from ..local_shards import Layout, is_dtensor
+from ..trace_context import here
+from .rules import resolve
+from .spec import PartitionSpec
 
 __all__ = ["WholeAxesPlacement", "on_whole_axes"]
 
@@ -62,17 +69,54 @@ def _laid_out(x: Any, whole: Sequence[int], placement: WholeAxesPlacement) -> Li
     return out
 
 
+def _spec_laid_out(spec: PartitionSpec, shape: Sequence[int], whole: Sequence[int], placement: WholeAxesPlacement,
+                   mesh_sizes: Dict[str, int]) -> PartitionSpec:
+    """`spec` with no split of a `whole` dimension: that split's mesh axes moved to dimension 0 (`"owner"`,
+    where the stack divides evenly) or dropped (`"gather"`): `_laid_out` for a spec."""
+    entries = [list(spec.mesh_axes_of(d)) for d in range(len(shape))]
+    stack = 0 if 0 not in whole else None
+    for d in whole:
+        for axis in entries[d]:
+            pieces = math.prod([mesh_sizes[a] for a in entries[stack]]) if stack is not None else 0
+            if placement == "owner" and stack is not None and shape[stack] % (pieces * mesh_sizes[axis]) == 0:
+                entries[stack].append(axis)
+        entries[d] = []
+    return PartitionSpec(*(tuple(e) or None for e in entries))
+
+
+def _on_xla(fn: Callable[[Tensor], Tensor], x: Tensor, whole: Sequence[int], axes: Sequence[Optional[str]],
+            placement: Optional[WholeAxesPlacement], sharding: Any) -> Tensor:
+    """The placement as constraints around `fn`, the split batch axes put first: `fn` may merge its batch axes,
+    and a merge keeps a split only where the split axis is the major one (else XLA gathers it)."""
+    sizes, low = sharding.mesh.sizes(), sharding.lowering
+    spec = resolve(tuple(axes), sharding.layout.params, mesh_sizes=sizes, name=f"parameter {tuple(axes)}")
+    batch = [d for d in range(x.ndim) if d not in whole]
+    order = [d for d in batch if spec.mesh_axes_of(d)] + [d for d in batch if not spec.mesh_axes_of(d)] + list(whole)
+    if list(whole) != list(range(len(batch), x.ndim)):
+        order = list(range(x.ndim))  # `fn` reads the whole axes where they are: keep the batch axes' order
+    moved = x.permute(order)
+    moved_spec = PartitionSpec(*[spec[d] for d in order])
+    want = _spec_laid_out(moved_spec, moved.shape, [order.index(d) for d in whole], placement or "owner", sizes)
+    out = low.constrain(low.constrain(fn(low.constrain(moved, want)), want), moved_spec)
+    return low.constrain(out.permute([order.index(d) for d in range(x.ndim)]), spec)
+
+
 def on_whole_axes(fn: Callable[[Tensor], Tensor], x: Tensor, whole: Sequence[int], *,
-                  placement: Optional[WholeAxesPlacement] = None) -> Tensor:
+                  placement: Optional[WholeAxesPlacement] = None,
+                  axes: Optional[Sequence[Optional[str]]] = None) -> Tensor:
     """`fn(x)` for an `fn` that maps each slice along `whole` (axes of `x`) on its own, with `x`'s layout.
 
     `fn` must return a tensor of `x`'s shape; on a DTensor it runs on this process's whole slices, as plain
-    tensors (any other tensor it reads must be plain too: a replicated DTensor's `to_local()`).
+    tensors (any other tensor it reads must be plain too: a replicated DTensor's `to_local()`). `axes`, the
+    tensor's logical axes (a parameter's, or its optimizer state's), places the work on torch_xla.
     """
     if placement not in (None, "owner", "gather"):
         raise ValueError(f"on_whole_axes: placement must be 'owner', 'gather' or None (the mesh's default), got "
                          f"{placement!r}.")
     if not is_dtensor(x):
+        sharding = here().sharding
+        if axes is not None and sharding is not None and sharding.mesh.backend == "xla":
+            return _on_xla(fn, x, tuple(sorted(a % x.ndim for a in whole)), axes, placement, sharding)
         return fn(x)
     if placement is None:
         placement = "gather" if x.device_mesh.device_type == "cpu" else "owner"

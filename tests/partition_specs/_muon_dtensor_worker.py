@@ -4,7 +4,7 @@
 
 Spawns `--world` processes (gloo over a FileStore in DIR). For every mesh and both Newton-Schulz placements
 (`owner`, `gather`), each rank builds the same state and batches, runs `STEPS` train steps of
-`muon(param_labels=muon_labels(model.axes))` after a global-norm clip on one device and on the mesh, and
+`muon(param_axes=model.axes)` (labels by `muon_labels`) after a global-norm clip on one device and on the mesh, and
 records the largest parameter difference, the collectives of one optimizer update (`tx.update` alone, by kind
 and local input size) and the local shapes of every matrix's momentum against its parameter's. A mesh with
 `ep` trains a tiny Qwen3-MoE (expert stacks orthogonalised per expert), the others a tiny Llama. With
@@ -44,7 +44,7 @@ def setup(mesh_text: str, placement: str):
     model = build_model("qwen3_moe", "tiny", **MOE) if "ep" in mesh_text else build_model("llama3", "tiny", **W.LLAMA)
     tx = optim.chain(optim.clip_by_global_norm(1.0), optim.muon(
         1e-2, weight_decay=0.1, adam_weight_decay=0.1, adam_learning_rate=3e-3, consistent_rms=0.2,
-        ns_placement=placement, param_labels=optim.muon_labels(model.axes)))
+        ns_placement=placement, param_axes=model.axes))
     state = TrainState.create(params=model.init(random.key(0)), tx=tx, key=random.key(1))
     tokens = random.randint(random.key(2), (STEPS, W.BATCH, W.SEQ + 1), 0, W.LLAMA["vocab_size"])
     return model, tx, state, [{"inputs": t[:, :-1], "targets": t[:, 1:]} for t in tokens]
