@@ -177,21 +177,22 @@ def specs_like_params(tree: Any, params: Any, param_specs: Any) -> Any:
     flat_params, _ = tree_flatten(params)
     flat_specs, _ = tree_flatten(param_specs)
 
-    def masked_leaves(node: Any) -> Optional[List[Any]]:
-        """`node`'s leaves with each `MaskedNode` as one, if that is `params`' structure; else None."""
+    def masked_leaves(node: Any) -> Optional[Tuple[List[Any], Any]]:
+        """`node`'s leaves, each `MaskedNode` one, and their treedef, if that is `params`' structure; else None."""
         if isinstance(node, torch.Tensor):
             return None
         leaves, treedef = tree_flatten(node, is_leaf=lambda x: isinstance(x, MaskedNode))
-        return leaves if treedef == params_def else None
+        return (leaves, treedef) if treedef == params_def else None
 
     def spec_for(node: Any) -> Any:
-        leaves = masked_leaves(node)
-        if leaves is None:
+        found = masked_leaves(node)
+        if found is None:
             return _replicated(node)
+        leaves, treedef = found
         out = [x if isinstance(x, MaskedNode) else
                s if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(p.shape) else _replicated(x)
                for x, p, s in zip(leaves, flat_params, flat_specs)]
-        return tree_unflatten(out, tree_structure(node, is_leaf=lambda x: isinstance(x, MaskedNode)))
+        return tree_unflatten(out, treedef)
 
     return tree_map(spec_for, tree, is_leaf=lambda node: masked_leaves(node) is not None)
 

@@ -31,7 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 from torch import Tensor
 
@@ -45,43 +45,32 @@ __all__ = ["WholeAxesPlacement", "on_whole_axes"]
 WholeAxesPlacement = Literal["owner", "gather"]
 
 
-def _laid_out(x: Any, whole: Sequence[int], placement: WholeAxesPlacement) -> List[Any]:
-    """`x`'s placements with no split of a `whole` axis: that split moved to axis 0 (`"owner"`, where the
-    stack divides evenly) or dropped (`"gather"`, and any pending sum made whole)."""
-    from torch.distributed.tensor import Replicate, Shard
-
-    stack = 0 if 0 not in whole else None
-    split = 1  # how many pieces axis 0 is cut into so far
-    for i, p in enumerate(x.placements):
-        if isinstance(p, Shard) and p.dim % x.ndim == stack:
-            split *= x.device_mesh.size(i)
-    out = []
-    for i, p in enumerate(x.placements):
-        if isinstance(p, Shard) and p.dim % x.ndim in whole:
-            size = x.device_mesh.size(i)
-            if placement == "owner" and stack is not None and x.shape[stack] % (split * size) == 0:
-                out.append(Shard(stack))
-                split *= size
-                continue
-            out.append(Replicate())
-        else:
-            out.append(Replicate() if p.is_partial() else p)
-    return out
-
-
 def _spec_laid_out(spec: PartitionSpec, shape: Sequence[int], whole: Sequence[int], placement: WholeAxesPlacement,
                    mesh_sizes: Dict[str, int]) -> PartitionSpec:
-    """`spec` with no split of a `whole` dimension: that split's mesh axes moved to dimension 0 (`"owner"`,
-    where the stack divides evenly) or dropped (`"gather"`): `_laid_out` for a spec."""
+    """`spec` with no split of a `whole` dimension: that split's mesh axes moved to dimension 0 (`"owner"`, where
+    the stack divides evenly; in mesh order, `mesh_sizes`' order) or dropped (`"gather"`)."""
     entries = [list(spec.mesh_axes_of(d)) for d in range(len(shape))]
     stack = 0 if 0 not in whole else None
     for d in whole:
         for axis in entries[d]:
             pieces = math.prod([mesh_sizes[a] for a in entries[stack]]) if stack is not None else 0
             if placement == "owner" and stack is not None and shape[stack] % (pieces * mesh_sizes[axis]) == 0:
-                entries[stack].append(axis)
+                entries[stack] = sorted([*entries[stack], axis], key=list(mesh_sizes).index)
         entries[d] = []
     return PartitionSpec(*(tuple(e) or None for e in entries))
+
+
+def _dtensor_spec(x: Any) -> Tuple[PartitionSpec, Dict[str, int]]:
+    """A DTensor's placements as a spec over its mesh's axes (a pending sum reads as whole), and the axes' sizes."""
+    from torch.distributed.tensor import Shard
+
+    mesh = x.device_mesh
+    names = mesh.mesh_dim_names or tuple(f"mesh_dim{i}" for i in range(mesh.ndim))
+    entries: List[List[str]] = [[] for _ in range(x.ndim)]
+    for name, p in zip(names, x.placements):
+        if isinstance(p, Shard):
+            entries[p.dim % x.ndim].append(name)
+    return PartitionSpec(*(tuple(e) or None for e in entries)), {n: mesh.size(i) for i, n in enumerate(names)}
 
 
 def _on_xla(fn: Callable[[Tensor], Tensor], x: Tensor, whole: Sequence[int], axes: Sequence[Optional[str]],
@@ -118,15 +107,19 @@ def on_whole_axes(fn: Callable[[Tensor], Tensor], x: Tensor, whole: Sequence[int
         if axes is not None and sharding is not None and sharding.mesh.backend == "xla":
             return _on_xla(fn, x, tuple(sorted(a % x.ndim for a in whole)), axes, placement, sharding)
         return fn(x)
+    from .dtensor import placements as placements_of
+
     if placement is None:
         placement = "gather" if x.device_mesh.device_type == "cpu" else "owner"
-    whole = tuple(sorted(a % x.ndim for a in whole))
-    want = _laid_out(x, whole, placement)
+    spec, sizes = _dtensor_spec(x)
+    want_spec = _spec_laid_out(spec, x.shape, tuple(sorted(a % x.ndim for a in whole)), placement, sizes)
+    want = tuple(placements_of(want_spec, list(sizes), ndim=x.ndim))
     mesh, source = x.device_mesh, tuple(x.placements)
-    laid = x if tuple(want) == source else x.redistribute(mesh, want)
-    local = fn(laid.to_local())
-    if local.shape != laid.to_local().shape:
-        raise ValueError(f"on_whole_axes: fn must keep its input's shape {tuple(laid.to_local().shape)}, "
+    laid = x if want == source else x.redistribute(mesh, want)
+    local_in = laid.to_local()
+    local = fn(local_in)
+    if local.shape != local_in.shape:
+        raise ValueError(f"on_whole_axes: fn must keep its input's shape {tuple(local_in.shape)}, "
                          f"got {tuple(local.shape)}.")
-    out = Layout(mesh, tuple(want), tuple(laid.shape), tuple(laid.stride())).wrap(local)
-    return out if tuple(want) == source else out.redistribute(mesh, source)
+    out = Layout(mesh, want, tuple(laid.shape), tuple(laid.stride())).wrap(local)
+    return out if want == source else out.redistribute(mesh, source)
