@@ -19,7 +19,7 @@ TORCH_LATEST ?= torch
 TORCH_MID ?= 2.13.0
 # The tests whose outcome depends on the torch release: the compat patches and what they serve (rolled
 # loops, shared bodies, compiled DTensor steps, the DTensor matrix, the launchers under torchrun,
-# expert parallelism on DTensor, Muon on DTensor, a grouped MoE router compiled), the wheel, which imports every module,
+# expert parallelism on DTensor, Muon and DPO on DTensor, a grouped MoE router compiled), the wheel, which imports every module,
 # and the suite's own grouping under xdist. The older lines run these (2.9 also every XLA test); the rest of the suite runs
 # on the newest line, which keeps CI within its time on two cores.
 VERSION_TESTS ?= tests/core/test_compat.py tests/core/test_compat_inductor_batching.py \
@@ -30,7 +30,7 @@ VERSION_TESTS ?= tests/core/test_compat.py tests/core/test_compat_inductor_batch
 	"tests/launch/test_torchrun.py::test_launcher_under_torchrun_compiles_and_matches_one_process[fsdp=2]" \
 	tests/partition_specs/test_moe_dtensor.py tests/partition_specs/test_latent_attention_dtensor.py \
 	tests/partition_specs/test_scan_dtensor.py tests/partition_specs/test_dtensor_matrix.py tests/test_wheel.py \
-	tests/partition_specs/test_muon_dtensor.py \
+	tests/partition_specs/test_muon_dtensor.py tests/partition_specs/test_dpo_meshes.py \
 	tests/core/test_autograd_grad.py tests/models/test_bridge_checkpointing.py tests/test_xdist_grouping.py \
 	"tests/step_fns/test_mesh_parity.py::test_dtensor_mesh_matches_one_device" \
 	"tests/models/test_remat_scan.py::test_policies_and_scan_match_unrolled_inductor[deepseek_v3]"

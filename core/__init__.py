@@ -1,6 +1,6 @@
 """ember.core: the kernel: pytrees, keys, transforms, jit, TrainState, mesh, protocols, testing helpers.
 
-Public names: `TrainState`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `remat_scan`,
+Public names: `TrainState`, `TrainStateWithFrozen`, `jit`, `Jitted`, `grad`, `value_and_grad`, `vmap`, `remat`, `remat_scan`,
 `checkpoint_name`, `scan`, `pipeline`, `context_attention`, `rolled_sum`, `shared_call`, `stack_trees`, `unstack_trees`, `device_for`,
 `to_device`, `Mesh`, `MeshError`, and the modules `pytree`, `random`, `tree_math`, `testing`,
 `step_fns`, `partition_specs`, `types`.
@@ -28,6 +28,7 @@ from .mesh import MeshError as MeshError
 from .partition_specs.context_parallel import context_attention as context_attention
 from .partition_specs.pipeline import pipeline as pipeline
 from .train_state import TrainState as TrainState
+from .train_state import TrainStateWithFrozen as TrainStateWithFrozen
 from .transforms import checkpoint_name as checkpoint_name
 from .transforms import grad as grad
 from .transforms import remat as remat
@@ -53,6 +54,7 @@ __all__ = [
     "Params",
     "PyTree",
     "TrainState",
+    "TrainStateWithFrozen",
     "checkpoint_name",
     "context_attention",
     "device_for",

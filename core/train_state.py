@@ -1,6 +1,6 @@
 """`TrainState`: the pytree a pure step consumes and returns.
 
-Public names: `TrainState`.
+Public names: `TrainState`, `TrainStateWithFrozen`.
 
 Example:
     >>> import torch
@@ -35,7 +35,7 @@ from .random import key as make_key
 from .tree_math import apply_updates
 from .types import Key, OptState, Params, Updates
 
-__all__ = ["TrainState"]
+__all__ = ["TrainState", "TrainStateWithFrozen"]
 
 _MSG_NOT_A_TRANSFORMATION = (
     "TrainState.create(tx=...) expects a gradient transformation with `init(params)` and "
@@ -103,3 +103,23 @@ class TrainState:
             opt_state=opt_state,
             **kwargs,
         )
+
+
+@pytree.dataclass
+class TrainStateWithFrozen(TrainState):
+    """A `TrainState` that also holds `frozen`: parameters the loss reads but never trains.
+
+    A DPO reference model, a distillation teacher: `train_step` passes them to the loss function
+    as `loss_fn(params, batch, key=key, frozen=state.frozen)`; they get no gradient, no optimizer
+    state and no update, and `shard` places them like `params` when they share its structure.
+
+    Example:
+        >>> import torch
+        >>> from ember import optim
+        >>> state = TrainStateWithFrozen.create(params={"w": torch.ones(2)}, tx=optim.sgd(0.1),
+        ...                                     frozen={"w": torch.ones(2)})
+        >>> sorted(state.frozen), "frozen" in str(state.opt_state)
+        (['w'], False)
+    """
+
+    frozen: Params = None

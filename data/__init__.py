@@ -5,7 +5,8 @@ files), `text_files`, `load_token_bin` / `write_token_bin` (nanoGPT `.bin`), `hf
 (Hugging Face datasets saved on disk), and `load_source` (any of these from one string).
 Tokenizers: `ByteTokenizer`, `train_bpe` / `BPETokenizer`, a model folder's own
 `load_model_tokenizer` / `ModelTokenizer` with its `ChatTemplate`. Fine-tuning data: `read_sft_jsonl`,
-`pack_sft`, `make_sft_pipeline` (packed, loss on replies only). Pipeline: `make_pipeline` (or
+`pack_sft`, `make_sft_pipeline` (packed, loss on replies only); preference pairs `read_preference_jsonl`,
+`tokenize_preference_example`, `PreferencePairs`, `read_preference_pairs`, `make_preference_pipeline` (DPO and its variants). Pipeline: `make_pipeline` (or
 `tokenize_documents` -> `TokenWindows` -> `window_batches` -> `PipelineIterator`), `ContextOrder`
 (the sequence order of context parallelism), `prefetch`, and collators (`to_torch`, `@collator`, `get_collator`).
 """
@@ -37,6 +38,11 @@ from .pipeline import shard_window_ids as shard_window_ids
 from .pipeline import window_batches as window_batches
 from .prefetch import Prefetcher as Prefetcher
 from .chat_template import ChatTemplate as ChatTemplate
+from .preference import PreferencePairs as PreferencePairs
+from .preference import make_preference_pipeline as make_preference_pipeline
+from .preference import read_preference_jsonl as read_preference_jsonl
+from .preference import read_preference_pairs as read_preference_pairs
+from .preference import tokenize_preference_example as tokenize_preference_example
 from .sft import make_sft_pipeline as make_sft_pipeline
 from .sft import pack_sft as pack_sft
 from .sft import read_sft_jsonl as read_sft_jsonl
@@ -70,6 +76,7 @@ __all__ = [
     "HFTextColumn",
     "ModelTokenizer",
     "PipelineIterator",
+    "PreferencePairs",
     "Prefetcher",
     "TextFiles",
     "TokenBin",
@@ -90,10 +97,13 @@ __all__ = [
     "load_source",
     "load_token_bin",
     "make_pipeline",
+    "make_preference_pipeline",
     "make_sft_pipeline",
     "num_windows",
     "pack_sft",
     "prefetch",
+    "read_preference_jsonl",
+    "read_preference_pairs",
     "read_sft_jsonl",
     "shard_window_ids",
     "source_from_path",
@@ -105,6 +115,7 @@ __all__ = [
     "to_torch",
     "token_dtype",
     "tokenize_documents",
+    "tokenize_preference_example",
     "train_bpe",
     "window_batches",
     "write_token_bin",

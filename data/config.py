@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from ..core.config_checks import check_fields, non_negative_int, optional, positive_int
 from .bpe import train_bpe
@@ -24,6 +24,7 @@ from .collate import Collator, get_collator
 from .iterator import PipelineIterator
 from .model_tokenizer import load_model_tokenizer
 from .pipeline import make_pipeline
+from .preference import make_preference_pipeline
 from .sft import make_sft_pipeline
 from .sources import check_source_kind, load_source, source_kind
 from .text_files import text_files
@@ -40,13 +41,14 @@ Split = Literal["train", "eval"]
 class DataConfig:
     """Where tokens come from and how they are batched."""
 
-    source: Literal["stdlib", "text", "bin", "hf", "sft"] = "stdlib"
+    source: Literal["stdlib", "text", "bin", "hf", "sft", "preference"] = "stdlib"
     """stdlib: the running Python's own standard library sources (no download); text: files or a
     glob at `path`; bin: a nanoGPT-style token .bin memmap; hf: a Hugging Face dataset saved to disk;
-    sft: a JSONL file of conversations or prompt/completion pairs, packed, the loss on replies only.
+    sft: a JSONL file of conversations or prompt/completion pairs, packed, the loss on replies only;
+    preference: a JSONL file of prompt / chosen / rejected pairs (DPO and its variants, `--config dpo`).
     On the command line, left at stdlib with a data.path, the path decides (`source_from_path`)."""
     path: Optional[str] = None
-    """Path for text / bin / hf / sft sources."""
+    """Path for text / bin / hf / sft / preference sources."""
     tokenizer: Literal["bytes", "bpe", "model"] = "bytes"
     """bytes: 256 byte values (+ EOS); bpe: a byte-level BPE trained locally on the corpus; model: the
     `tokenizer.json` and chat template of the model folder at `tokenizer_path`. A run started from
@@ -61,7 +63,7 @@ class DataConfig:
     seq_len: int = 128
     """Tokens per training window."""
     overflow: Literal["truncate", "error"] = "truncate"
-    """An SFT example longer than a window: cut it (counted in the log) or stop with an error."""
+    """An SFT example (a preference pair) longer than a window: cut it (counted in the log) or stop with an error."""
     batch_size: int = 16
     """Windows per batch (global, across data-parallel ranks)."""
     num_workers: int = 0
@@ -84,7 +86,8 @@ def source_from_path(cfg: DataConfig) -> DataConfig:
         return cfg
     if str(cfg.path).endswith(".jsonl"):
         raise ValueError(f"data.path={cfg.path!r} is JSONL but data.source is stdlib, which reads no path; "
-                         f"pass --data.source sft (conversations) or --data.source text (plain text).")
+                         f"pass --data.source sft (conversations), --data.source preference (chosen / rejected "
+                         f"pairs) or --data.source text (plain text).")
     return dataclasses.replace(cfg, source=source_kind(cfg.path))
 
 
@@ -124,8 +127,8 @@ def build_tokenizer(cfg: DataConfig) -> Tokenizer:
             raise ValueError("data.tokenizer=model reads the tokenizer of a model folder, but data.tokenizer_path is "
                              "not set; pass --data.tokenizer_path FOLDER (the folder of --init_from).")
         return load_model_tokenizer(cfg.tokenizer_path)
-    if cfg.source == "sft":
-        raise ValueError("data.tokenizer=bpe trains a tokenizer on text, not on SFT examples; use "
+    if cfg.source in ("sft", "preference"):
+        raise ValueError(f"data.tokenizer=bpe trains a tokenizer on text, not on {cfg.source} examples; use "
                          "--data.tokenizer model --data.tokenizer_path FOLDER, or bytes.")
     docs = _source(cfg, "train")
     return train_bpe(list(docs), cfg.vocab_size)
@@ -163,6 +166,7 @@ def build_batches(
     shard_count: int = 1,
     device: Any = None,
     context_parallel: int = 1,
+    reference_logps: Optional[Mapping[str, Any]] = None,
 ) -> TorchBatches:
     """An endless iterator of `{"inputs", "targets"}` (B, T) int64 torch batches for this rank.
 
@@ -171,7 +175,8 @@ def build_batches(
     `batch_size // shard_count` rows. `cfg.collate` names the registered collator applied to
     each numpy batch (default "torch"). SFT batches (`source="sft"`) also hold `segment_ids` and
     `positions` (`ember.data.sft`). `context_parallel` is the mesh's `cp`: above 1 every sequence comes
-    in its balanced order, with its `positions` (`ember.data.ContextOrder`).
+    in its balanced order, with its `positions` (`ember.data.ContextOrder`). Preference pairs
+    (`source="preference"`) carry `reference_logps[split]`, when given (`ember.data.make_preference_pipeline`).
     """
     collate = get_collator(cfg.collate)
     if cfg.batch_size % shard_count:
@@ -179,9 +184,18 @@ def build_batches(
             f"data.batch_size={cfg.batch_size} is global and must divide evenly over {shard_count} "
             f"data-parallel ranks; use a multiple of {shard_count}."
         )
+    if cfg.source in ("sft", "preference") and cfg.path is None:
+        raise ValueError(f"data.source={cfg.source} needs data.path (a JSONL file); pass --data.path FILE.jsonl.")
+    if cfg.source == "preference":  # pairs, every 20th held out; a pair is one row of each side
+        if context_parallel > 1:
+            raise ValueError("data.source=preference does not run under a context-parallel mesh (cp) yet; drop cp "
+                             "from --mesh (dp, fsdp and tp shard preference runs).")
+        it = make_preference_pipeline(cfg.path, tokenizer=tokenizer, seq_len=cfg.seq_len,
+                                      batch_size=cfg.batch_size // shard_count, seed=cfg.seed, shuffle=split == "train",
+                                      shard_index=shard_index, shard_count=shard_count, overflow=cfg.overflow,
+                                      split=split, reference_logps=(reference_logps or {}).get(split))
+        return TorchBatches(it, collate=collate, device=device)
     if cfg.source == "sft":  # every 20th example is the eval split (ember.data.sft.EVAL_EVERY)
-        if cfg.path is None:
-            raise ValueError("data.source=sft needs data.path (a JSONL file); pass --data.path FILE.jsonl.")
         it = make_sft_pipeline(cfg.path, tokenizer=tokenizer, seq_len=cfg.seq_len,
                                batch_size=cfg.batch_size // shard_count, seed=cfg.seed, shuffle=split == "train",
                                shard_index=shard_index, shard_count=shard_count, overflow=cfg.overflow, split=split,

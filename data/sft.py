@@ -72,34 +72,35 @@ def _messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-_NOT_TEXT = ("{where}: not text (a NUL byte): data.source=sft reads a JSONL file of UTF-8 text, one JSON example a "
+_NOT_TEXT = ("{where}: not text (a NUL byte): data.source={source} reads a JSONL file of UTF-8 text, one JSON example a "
              "line; pass --data.path FILE.jsonl (a token file: --data.source bin).")
 
 
-def _decoded(raw: bytes, where: str) -> str:
+def _decoded(raw: bytes, where: str, source: str = "sft") -> str:
     """One line of a JSONL file as text; a binary line or another encoding is refused naming the line."""
     if b"\0" in raw:
-        raise ValueError(_NOT_TEXT.format(where=where))
+        raise ValueError(_NOT_TEXT.format(where=where, source=source))
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); data.source=sft "
+        raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); data.source={source} "
                          f"reads a JSONL file of UTF-8 text: convert the file to UTF-8 "
                          f"(e.g. iconv -f latin1 -t utf-8) or point --data.path at another.") from None
 
 
-def _read_lines(path: str) -> Iterator[Tuple[str, Dict[str, Any]]]:
-    """`(file:line, example)` for each example of a JSONL file (see `read_sft_jsonl`)."""
+def json_lines(path: str, *, source: str = "sft") -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """`(file:line, object)` for each non-empty line of a JSONL file of UTF-8 JSON objects (`data.source=source`)."""
     if not os.path.isfile(path):
-        raise ValueError(f"SFT data {os.fspath(path)!r} is not a file; data.source=sft reads one JSONL file "
-                         f"(--data.path FILE.jsonl).")
+        what = "SFT" if source == "sft" else source.capitalize()
+        raise ValueError(f"{what} data {os.fspath(path)!r} is not a file; data.source={source} reads one "
+                         f"JSONL file (--data.path FILE.jsonl).")
     with open(os.fspath(path), "rb") as fh:
         if b"\0" in fh.read(8192):  # a binary file: refused before a "line" of it (maybe all of it) is read
-            raise ValueError(_NOT_TEXT.format(where=f"{path} (its first 8192 bytes)"))
+            raise ValueError(_NOT_TEXT.format(where=f"{path} (its first 8192 bytes)", source=source))
         fh.seek(0)
         for number, raw in enumerate(fh, start=1):
             where = f"{path}:{number}"
-            line = _decoded(raw, where)
+            line = _decoded(raw, where, source)
             if not line.strip():
                 continue
             try:
@@ -108,21 +109,27 @@ def _read_lines(path: str) -> Iterator[Tuple[str, Dict[str, Any]]]:
                 raise ValueError(f"{where}: not a JSON object ({err.msg}); each line must be one example.") from None
             if not isinstance(example, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(example).__name__}.")
-            messages = example.get("messages")
-            if isinstance(messages, list) and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                   for m in messages) and messages:
-                try:
-                    messages = _messages(messages)
-                except ValueError as err:
-                    raise ValueError(f"{where}: {err}") from None
-                yield where, {"messages": messages}
-            elif isinstance(example.get("prompt"), str) and isinstance(example.get("completion"), str):
-                yield where, {"prompt": example["prompt"], "completion": example["completion"]}
-            else:
-                raise ValueError(
-                    f"{where}: expected \"messages\" (a non-empty list of {{\"role\", \"content\"}} objects) or "
-                    f"\"prompt\" and \"completion\" strings, got keys {sorted(example)}."
-                )
+            yield where, example
+
+
+def _read_lines(path: str) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """`(file:line, example)` for each example of a JSONL file (see `read_sft_jsonl`)."""
+    for where, example in json_lines(path):
+        messages = example.get("messages")
+        if isinstance(messages, list) and all(isinstance(m, dict) and "role" in m and "content" in m
+                                               for m in messages) and messages:
+            try:
+                messages = _messages(messages)
+            except ValueError as err:
+                raise ValueError(f"{where}: {err}") from None
+            yield where, {"messages": messages}
+        elif isinstance(example.get("prompt"), str) and isinstance(example.get("completion"), str):
+            yield where, {"prompt": example["prompt"], "completion": example["completion"]}
+        else:
+            raise ValueError(
+                f"{where}: expected \"messages\" (a non-empty list of {{\"role\", \"content\"}} objects) or "
+                f"\"prompt\" and \"completion\" strings, got keys {sorted(example)}."
+            )
 
 
 def read_sft_jsonl(path: str) -> Iterator[Dict[str, Any]]:

@@ -8,13 +8,14 @@ every launcher and the checkpoints of one resume on the other.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
 from ember import data, models, optim
-from ember.core import TrainState, device_for, random, to_device
+from ember.core import TrainState, TrainStateWithFrozen, device_for, pytree, random, to_device
 from ember.core.step_fns import eval_step, train_step
+from ember.core.step_fns.preference_losses import REFERENCE_FREE
 from ember.launch.checkpointing import already_finished, check_resume_model
 from ember.launch.init_from import check_init_from, load_initial_params
 from ember.launch.loop import evaluate
@@ -24,7 +25,7 @@ from ember.models.lora import lora_mask
 from ember.optim.config import from_config
 
 __all__ = ["build_model", "build_tokenizer", "check_backend", "compute_dtype", "eval_fn", "evaluator", "initial_state",
-           "preflight", "step_fn"]
+           "objective", "precomputed_reference", "preference_run", "preflight", "step_fn"]
 
 
 def check_backend(cfg: TrainConfig) -> None:
@@ -59,6 +60,7 @@ def preflight(cfg: TrainConfig, args: Any, *, main: bool) -> bool:
 def build_model(cfg: TrainConfig) -> Any:
     """The model of `cfg.family` with `cfg.model`, checked against the data's sequence length; with
     `--lora.rank R` it carries LoRA adapters (`ember.models.lora.LoRAModel`, the base frozen)."""
+    preference_run(cfg)  # --dpo flags on other data: refused before anything is built
     model = models.build_model(cfg.family, cfg.model)
     models.check_lm_data(model, seq_len=cfg.data.seq_len)
     if cfg.lora.rank:
@@ -92,7 +94,50 @@ def initial_state(cfg: TrainConfig, model: Any, device: Any = "cpu") -> TrainSta
     if lora:
         params = model.init_from(params, key=random.fold_in(random.key(cfg.seed, device=device), 2))
         tx = optim.masked(tx, lora_mask(params))  # the base is frozen: its updates pass through as zeros
-    return TrainState.create(params=params, tx=tx, key=random.fold_in(random.key(cfg.seed, device=device), 1))
+    key = random.fold_in(random.key(cfg.seed, device=device), 1)
+    if preference_run(cfg) and cfg.dpo.needs_reference(model):  # the reference: a frozen copy of the start
+        return TrainStateWithFrozen.create(params=params, tx=tx, key=key, frozen=_copy(params))
+    return TrainState.create(params=params, tx=tx, key=key)
+
+
+def _copy(tree: Any) -> Any:
+    """A copy of `tree` whose tied leaves (one tensor twice) stay one tensor."""
+    copies: dict = {}
+    return pytree.tree_map(lambda t: copies.setdefault(id(t), t.clone()) if isinstance(t, torch.Tensor) else t, tree)
+
+
+def preference_run(cfg: TrainConfig) -> bool:
+    """Whether `cfg` trains on preference pairs (its objective `cfg.dpo`), refusing `--dpo.*` flags on other data."""
+    if cfg.data.source == "preference":
+        return True
+    if cfg.dpo != type(cfg.dpo)():
+        raise ValueError(f"--dpo.* flags set the objective of a run on preference pairs, but data.source="
+                         f"{cfg.data.source}; pass --config dpo (or --data.source preference --data.path PAIRS.jsonl), "
+                         f"or drop the --dpo flags.")
+    return False
+
+
+def precomputed_reference(cfg: TrainConfig, model: Any, params: Any, tokenizer: Any,
+                          device: Any = None) -> Optional[Dict[str, Any]]:
+    """`--dpo.precompute_reference`: the starting weights' log-probabilities of every pair, `{split: (chosen,
+    rejected)}`, scored once before the state is sharded (and donated); None when the run does not ask for them.
+    A LoRA policy is scored by its base (its reference)."""
+    if not (preference_run(cfg) and cfg.dpo.precompute_reference and cfg.dpo.loss not in REFERENCE_FREE):
+        return None
+    lora = isinstance(model, models.LoRAModel)
+    ref_model, ref_params = (model.base, params["base"]) if lora else (model, params)
+    scores = {}
+    for split in ("train", "eval") if cfg.eval_every else ("train",):
+        pairs = data.read_preference_pairs(cfg.data.path, tokenizer=tokenizer, seq_len=cfg.data.seq_len,
+                                           overflow=cfg.data.overflow, split=split)
+        scores[split] = models.reference_logps(ref_model, ref_params, pairs.rows, batch_size=cfg.data.batch_size,
+                                               device=device)
+    return scores
+
+
+def objective(cfg: TrainConfig, model: Any) -> Callable:
+    """The run's loss function: `cfg.dpo`'s preference loss on pairs, else the language-model loss."""
+    return cfg.dpo.loss_fn(model) if preference_run(cfg) else models.lm_loss(model)
 
 
 def compute_dtype(cfg: TrainConfig) -> Optional[torch.dtype]:
@@ -103,23 +148,24 @@ def compute_dtype(cfg: TrainConfig) -> Optional[torch.dtype]:
 
 
 def step_fn(cfg: TrainConfig, model: Any) -> Callable:
-    """The pure training step `(state, batch) -> (state, metrics)` of the language-model loss."""
-    return train_step(models.lm_loss(model), microbatches=cfg.microbatches, compute_dtype=compute_dtype(cfg))
+    """The pure training step `(state, batch) -> (state, metrics)` of the run's objective."""
+    return train_step(objective(cfg, model), microbatches=cfg.microbatches, compute_dtype=compute_dtype(cfg))
 
 
 def eval_fn(cfg: TrainConfig, model: Any) -> Callable:
-    """The pure evaluation `(params, batch) -> metrics` of the language-model loss."""
-    return eval_step(models.lm_loss(model), compute_dtype=compute_dtype(cfg))
+    """The pure evaluation `(params or state, batch) -> metrics` of the run's objective."""
+    return eval_step(objective(cfg, model), compute_dtype=compute_dtype(cfg))
 
 
 def evaluator(cfg: TrainConfig, eval_one: Callable, *, tokenizer: Any, device: Any,
-              context_parallel: int = 1) -> Callable:
+              context_parallel: int = 1, reference_logps: Optional[Dict[str, Any]] = None) -> Callable:
     """`eval_fn(state) -> metrics`: `eval_one` averaged over `cfg.eval_batches` batches of the eval split
-    (in `cp`'s sequence order when `context_parallel` > 1)."""
+    (in `cp`'s sequence order when `context_parallel` > 1; pairs with `reference_logps`, when precomputed)."""
 
     def eval_fn(state: TrainState) -> Any:
         batches = data.build_batches(cfg.data, tokenizer=tokenizer, split="eval", device=device,
-                                     context_parallel=context_parallel)
-        return evaluate(eval_one, state.params, itertools.islice(batches, cfg.eval_batches))
+                                     context_parallel=context_parallel, reference_logps=reference_logps)
+        target = state if getattr(state, "frozen", None) is not None else state.params  # a reference reads frozen
+        return evaluate(eval_one, target, itertools.islice(batches, cfg.eval_batches))
 
     return eval_fn

@@ -1,7 +1,7 @@
 """Built-in run configs, registered with `ember.launch.run_config` when this module is imported.
 
 Public names: `llama3_tiny`, `gpt2_tiny`, `qwen2_tiny`, `mistral_tiny`, `qwen3_moe_tiny`, `deepseek_v3_tiny`,
-`tiny_chat_sft`, `sft`,
+`tiny_chat_sft`, `sft`, `tiny_chat_dpo`, `dpo`,
 `llama3_125m` (the functions building each config).
 
 `llama3_tiny` is the default of `launch/train.py` and `make train`: a small Llama-style model
@@ -26,8 +26,8 @@ from ember.launch.run_config import TrainConfig, register_config
 from ember.models import get_config
 from ember.optim.config import OptimConfig
 
-__all__ = ["deepseek_v3_tiny", "gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny",
-           "qwen3_moe_tiny", "sft", "tiny_chat_sft"]
+__all__ = ["deepseek_v3_tiny", "dpo", "gpt2_tiny", "llama3_125m", "llama3_tiny", "mistral_tiny", "qwen2_tiny",
+           "qwen3_moe_tiny", "sft", "tiny_chat_dpo", "tiny_chat_sft"]
 
 _BYTE_VOCAB = 320  # 257 byte-tokenizer ids padded to a multiple of 64
 
@@ -120,6 +120,25 @@ def sft() -> TrainConfig:
     return TrainConfig(family="", model=None, data=data, steps=150, eval_every=50, eval_batches=4, checkpoint_every=0,
                        optim=OptimConfig(name="adamw", learning_rate=2e-5, warmup_steps=10, weight_decay=0.0),
                        sample_prompt="Hello! Who are you?", sample_tokens=40, out="runs/sft")
+
+
+@register_config("dpo")
+def dpo() -> TrainConfig:
+    """DPO (or --dpo.loss ipo, simpo, orpo, ...) of any native family's folder: --init_from FOLDER --data.path PAIRS.jsonl."""
+    data = DataConfig(source="preference", tokenizer="model", seq_len=256, batch_size=4)  # pairs per step
+    return TrainConfig(family="", model=None, data=data, steps=100, eval_every=50, eval_batches=4, checkpoint_every=0,
+                       optim=OptimConfig(name="adamw", learning_rate=1e-6, warmup_steps=10, weight_decay=0.0),
+                       sample_prompt="Hello! Who are you?", sample_tokens=40, out="runs/dpo")
+
+
+@register_config("tiny_chat_dpo")
+def tiny_chat_dpo() -> TrainConfig:
+    """DPO of the `launch/tiny_chat.py` folder on its pairs (an answer against its words reversed)."""
+    base, folder = dpo(), "runs/tiny_chat/model"
+    data = dataclasses.replace(base.data, path="runs/tiny_chat/prefs.jsonl", tokenizer_path=folder, seq_len=128)
+    return dataclasses.replace(base, family="qwen2", model=qwen2_tiny().model, init_from=folder, data=data, steps=60,
+                               eval_every=20, optim=dataclasses.replace(base.optim, learning_rate=1e-4, warmup_steps=5),
+                               sample_prompt="What is the json module for?", out="runs/tiny_chat_dpo")
 
 
 @register_config("llama3_125m")

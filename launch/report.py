@@ -62,7 +62,7 @@ def report_run(cfg: TrainConfig, history: List[Dict[str, float]], *, model: Any,
     if sample and cfg.sample_tokens and not bool(tree_all_finite(params)):  # one host sync
         print("no sample: the parameters hold NaN or infinite values (the run diverged); lower --optim.learning_rate")
     elif sample and cfg.sample_tokens:
-        chat = getattr(tokenizer, "chat_template", None) is not None and cfg.data.source == "sft"
+        chat = getattr(tokenizer, "chat_template", None) is not None and cfg.data.source in ("sft", "preference")
         if chat:  # the prompt as a user turn, rendered with the model's template, up to the assistant's cue
             ids = tokenizer.apply_chat_template([{"role": "user", "content": cfg.sample_prompt}], add_generation_prompt=True)
         else:

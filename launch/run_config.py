@@ -38,6 +38,7 @@ from ember.core.registry import Registry
 from ember.data.config import DataConfig
 from ember.launch.flag_spelling import bool_words, one_line
 from ember.models.lora import LoRAConfig
+from ember.models.preference import DPOConfig
 from ember.optim.config import OptimConfig
 
 __all__ = [
@@ -90,6 +91,8 @@ class TrainConfig:
     checkpoint directory (its latest params; the run starts at step 0). Checked against the model config."""
     lora: LoRAConfig = LoRAConfig()
     """LoRA adapters (--lora.rank R > 0): only they train, and `launch/ckpt.py export --hf` merges them in."""
+    dpo: DPOConfig = DPOConfig()
+    """The preference objective of a run on pairs (data.source=preference, `--config dpo`)."""
     log_every: int = 10
     """Steps between metric logs (metrics stay on device in between)."""
     eval_every: int = 100

@@ -41,7 +41,8 @@ def train(cfg: TrainConfig, args: argparse.Namespace, *, say: Callable[..., None
     state0 = build.initial_state(cfg, model)
     say(f"{sharding.lowering!r}, {xr.process_count()} process(es)")
     say(describe_sharding(state0, sharding, axes=model.axes))
-    data_iter = data.build_batches(cfg.data, tokenizer=tokenizer, context_parallel=context_parallel(sharding))
+    data_iter = data.build_batches(cfg.data, tokenizer=tokenizer, context_parallel=context_parallel(sharding),
+                                   reference_logps=build.precomputed_reference(cfg, model, state0.params, tokenizer))
     if args.resume_step is not None:
         checkpointing.set_aside_steps_after(cfg, args.resume_step, main=xr.process_index() == 0, log=say)
     ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)

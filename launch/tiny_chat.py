@@ -9,6 +9,8 @@ writes
                                 here) and tokenizer_config.json with a ChatML chat template
     runs/tiny_chat/chat.jsonl   conversations about the standard library: "What is the json module
                                 for?" answered with the first line of the module's own docstring
+    runs/tiny_chat/prefs.jsonl  preference pairs on the same questions: chosen, that answer; rejected,
+                                its words in reverse order (`--config tiny_chat_dpo` learns to prefer prose)
 
 Nothing is downloaded: the text is the running interpreter's standard library. transformers loads the
 folder (`AutoModelForCausalLM`, `AutoTokenizer`) like any released checkpoint; `--config tiny_chat_sft`
@@ -26,7 +28,7 @@ import functools
 import json
 import os
 import sys
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 CHATML = ("{%- if messages[0].role != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
           "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -72,6 +74,18 @@ def conversations(limit: int = 400) -> Tuple[Dict[str, list], ...]:
     return tuple(out)
 
 
+def preference_pairs(convs: Tuple[Dict[str, list], ...]) -> List[Dict[str, list]]:
+    """TRL's conversational pairs: the question, its answer (chosen), the answer's words reversed (rejected;
+    a one-word answer spelled backwards)."""
+    pairs = []
+    for conv in convs:
+        *prompt, answer = conv["messages"]
+        words = answer["content"].split()
+        wrong = " ".join(reversed(words)) if len(words) > 1 else answer["content"][::-1]
+        pairs.append({"prompt": prompt, "chosen": [answer], "rejected": [{"role": "assistant", "content": wrong}]})
+    return pairs
+
+
 def build(out: str, *, seed: int = 0, config: str = "qwen2_tiny", family: Optional[str] = None) -> str:
     """Write the folder and the JSONL under `out` (see the module docstring); returns the model folder.
 
@@ -87,6 +101,8 @@ def build(out: str, *, seed: int = 0, config: str = "qwen2_tiny", family: Option
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(out, "chat.jsonl"), "w") as fh:
         fh.writelines(json.dumps(c) + "\n" for c in convs)
+    with open(os.path.join(out, "prefs.jsonl"), "w") as fh:
+        fh.writelines(json.dumps(p) + "\n" for p in preference_pairs(convs))
     cfg = get_config(config)
     if family:
         cfg = dataclasses.replace(cfg, family=family, model=model_config(family, "tiny").replace(
@@ -111,7 +127,7 @@ def main(argv=None) -> None:
     p.add_argument("--family", default=None, help="a native family (gemma, qwen3, ...): its tiny arch instead")
     args = p.parse_args(argv)
     folder = build(args.out, seed=args.seed, config=args.config, family=args.family)
-    print(f"wrote {folder} and {os.path.join(args.out, 'chat.jsonl')}")
+    print(f"wrote {folder}, {os.path.join(args.out, 'chat.jsonl')} and {os.path.join(args.out, 'prefs.jsonl')}")
 
 
 if __name__ == "__main__":

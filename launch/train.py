@@ -84,7 +84,9 @@ def train(cfg, model, sharding, args):
     precision.set_matmul_precision(cfg.tf32, device)  # TF32 for float32 matmuls on CUDA (--tf32)
     if main_rank:
         print(precision.precision_line(cfg, device))
-    state = sharded.shard_state(build.initial_state(cfg, model, device), sharding, model)
+    state = build.initial_state(cfg, model, device)
+    reference = build.precomputed_reference(cfg, model, state.params, tokenizer, device)  # before sharding, donation
+    state = sharded.shard_state(state, sharding, model)
     if main_rank and cfg.backend != "xla":  # the SDPA kernel the step's attention runs on this device and dtype
         print(attention_kernel_report(model, state.params, seq_len=cfg.data.seq_len, device=device,
                                       dtype=build.compute_dtype(cfg)))
@@ -94,12 +96,14 @@ def train(cfg, model, sharding, args):
     eval_one = sharded.sharded(jit(build.eval_fn(cfg, model), backend=cfg.backend, **compiled), sharding,
                                returns_state=False)
     cp = sharded.context_parallel(sharding)  # > 1: every sequence in its balanced order (ember.data.ContextOrder)
-    eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device, context_parallel=cp) \
+    eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device, context_parallel=cp,
+                              reference_logps=reference) \
         if cfg.eval_every else None  # --eval_every 0: no evaluation, no eval split built
     if args.resume_step is not None:  # the later steps move aside, so this run can save them again
         checkpointing.set_aside_steps_after(cfg, args.resume_step, main=main_rank)
     ckpt, info = checkpointing.build_manager(cfg), checkpointing.model_info_for(cfg, arch=args.config)
-    batches = data.build_batches(cfg.data, tokenizer=tokenizer, device=device, context_parallel=cp)
+    batches = data.build_batches(cfg.data, tokenizer=tokenizer, device=device, context_parallel=cp,
+                                 reference_logps=reference)
     if main_rank and (note := data.corpus_note(cfg.data)):
         print(note)
     state = checkpointing.maybe_resume(ckpt, state, batches, cfg=cfg, resume=args.resume, step=args.resume_step,
@@ -110,6 +114,7 @@ def train(cfg, model, sharding, args):
     first_eval = None if resumed or eval_fn is None else checkpointing.check_keep_best(cfg, eval_fn(state))
     writer = MetricsWriter(cfg.out if main_rank else None, append=resumed, up_to_step=int(state.step) if resumed else None)
     hooks = dict(cfg=cfg, writer=writer, model_info=info, sharding=sharding)
+    sides = 2 if build.preference_run(cfg) else 1  # a preference batch holds a chosen and a rejected row per pair
     stop = GracefulStop()  # entered last: jax.distributed (multi-process checkpoints) installs its own SIGTERM handler
     try:
         if main_rank:
@@ -120,7 +125,7 @@ def train(cfg, model, sharding, args):
             state = train_loop(step, state, batches, steps=cfg.steps, writer=writer, log_every=cfg.log_every,
                                eval_every=cfg.eval_every, eval_fn=eval_fn, progress=main_rank,
                                compiled=cfg.backend != "eager",
-                               tokens_per_step=cfg.data.batch_size * cfg.data.seq_len,
+                               tokens_per_step=cfg.data.batch_size * cfg.data.seq_len * sides,
                                on_step_end=checkpointing.checkpoint_hook(ckpt, batches, **hooks),
                                should_stop=sharded.on_every_rank(stop.requested))
         saved = checkpointing.finish(ckpt, state, batches, **hooks)

@@ -13,7 +13,8 @@ Public names: `layers` (the DSL: `Param`, `Module`, `Linear`, `RMSNorm`, ...), `
 `estimate_memory`, `MemoryEstimate`, `describe`, `check_lm_data`; `Decoder` (KV-cache generation,
 `ember.models.generation`); bridges `from_torch`,
 `from_hf` / `to_hf` (Hugging Face GPT-2, Llama, Qwen2, Qwen3, Qwen3-MoE, dots1, Mixtral, DeepSeek-V3, Mistral and Gemma folders; other causal LMs
-through the bridge); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`.
+through the bridge); LoRA `to_lora`, `lora_mask`, `merge_lora`; `lm_loss`; preference objectives `dpo_loss`,
+`response_logps`, `reference_logps`, `DPOConfig`.
 
 Importing this package registers the built-in families (`gpt2`, `llama3`, `qwen2`, `qwen3`, `qwen3_moe`, `dots1`, `mixtral`,
 `deepseek_v3`, `mistral`, `gemma`) and their architectures.
@@ -67,6 +68,10 @@ from .moe_decoder import MoEDecoder as MoEDecoder
 from .moe_decoder import MoEDecoderConfig as MoEDecoderConfig
 from .objectives import check_lm_data as check_lm_data
 from .objectives import lm_loss as lm_loss
+from .preference import DPOConfig as DPOConfig
+from .preference import dpo_loss as dpo_loss
+from .preference import reference_logps as reference_logps
+from .preference import response_logps as response_logps
 from .qwen2 import Qwen2 as Qwen2
 from .qwen2 import Qwen2Config as Qwen2Config
 from .qwen3 import Qwen3 as Qwen3
@@ -89,6 +94,7 @@ from .summary import describe as describe
 from .summary import estimate_memory as estimate_memory
 
 __all__ = [
+    "DPOConfig",
     "Decoder",
     "DeepseekV3",
     "DeepseekV3Config",
@@ -126,6 +132,7 @@ __all__ = [
     "count_active_params",
     "count_params",
     "describe",
+    "dpo_loss",
     "estimate_memory",
     "family",
     "from_hf",
@@ -141,8 +148,10 @@ __all__ = [
     "merge_lora",
     "params_from_hf",
     "params_to_hf",
+    "reference_logps",
     "register_family",
     "replace_config",
+    "response_logps",
     "to_hf",
     "to_lora",
 ]

@@ -26,7 +26,8 @@ def eval_step(
     """Build a pure evaluation step from the same `loss_fn` a train step uses.
 
     `loss_fn(params, batch, *, key)` is called with `key=None`, so layers that draw randomness
-    (dropout) must run deterministically when they get no key. No gradients are computed.
+    (dropout) must run deterministically when they get no key. No gradients are computed. A state
+    with `frozen` parameters (`TrainStateWithFrozen`) passes them as `frozen=`, as `train_step` does.
 
     Args:
         loss_fn: `loss_fn(params, batch, *, key) -> loss | (loss, aux)`; loss 0-d or a
@@ -60,8 +61,11 @@ def eval_step(
 
     def step(params_or_state: Any, batch: Batch) -> Metrics:
         params = params_or_state.params if is_state_like(params_or_state) else params_or_state
+        frozen = getattr(params_or_state, "frozen", None) if is_state_like(params_or_state) else None
+        read_only = {} if frozen is None else {"frozen": tree_cast(frozen, compute_dtype) if compute_dtype else frozen}
         with torch.no_grad():
-            out = loss_fn(statistics.cast(params, compute_dtype), tree_cast(batch, compute_dtype), key=None)
+            out = loss_fn(statistics.cast(params, compute_dtype), tree_cast(batch, compute_dtype), key=None,
+                          **read_only)
         loss, aux = split_loss_output(out, reserved=("loss", "tokens"))
         if isinstance(loss, TokenLoss):
             metrics: Metrics = {"loss": loss.mean(), "tokens": loss.count.to(torch.float32)}

@@ -131,8 +131,11 @@ def train_step(
     `fold_in(step_key, i)`, otherwise `loss_fn` gets `step_key` itself. `state.key` never changes.
 
     `loss_fn(params, batch, *, key)` returns a loss or `(loss, aux)` with `aux` a dict of 0-d
-    tensors (told apart by structure at trace time). The loss is either a `TokenLoss(total, count)`
-    (summed per-token losses and the number of valid tokens) or a 0-d mean. With `microbatches = m`,
+    tensors (told apart by structure at trace time). A state whose `frozen` field is set (a DPO
+    reference: `TrainStateWithFrozen.create(..., frozen=reference_params)`) has it passed as
+    `loss_fn(params, batch, key=key, frozen=state.frozen)`; it gets no gradient and no update.
+    The loss is either a `TokenLoss(total, count)` (summed per-token losses and the number of valid
+    tokens; a preference loss counts pairs) or a 0-d mean. With `microbatches = m`,
     every tensor leaf of the batch is split along dim 0 into `m` equal chunks and gradients are
     accumulated in `accumulate_dtype`. A `TokenLoss` is token-weighted: totals, counts and
     gradients are summed over the chunks (and, on a mesh, over data-parallel ranks) and divided
@@ -202,11 +205,12 @@ def train_step(
     skip_nonfinite = bool(skip_nonfinite)
     statistics = statistic_leaves_of(loss_fn) or NO_STATISTICS
 
-    def loss_and_grads(params: Params, batch: Batch, key: Optional[Key]):
+    def loss_and_grads(params: Params, batch: Batch, key: Optional[Key], frozen: Any):
         """Gradients and value of one (micro)batch's summed total (`TokenLoss`) or mean loss, its count, aux."""
+        read_only = {} if frozen is None else {"frozen": tree_cast(frozen, compute_dtype) if compute_dtype else frozen}
 
         def objective(p: Params):
-            out = loss_fn(statistics.cast(p, compute_dtype), batch, key=key)
+            out = loss_fn(statistics.cast(p, compute_dtype), batch, key=key, **read_only)
             loss, aux = split_loss_output(out, reserved=RESERVED_METRICS)
             if isinstance(loss, TokenLoss):
                 # Differentiate this microbatch's mean, so gradients in a low-precision compute dtype
@@ -219,24 +223,24 @@ def train_step(
         (value, (aux, count)), grads = value_and_grad(objective, has_aux=True)(params)
         return tree_cast(grads, accumulate_dtype), value, count.get("count"), _aux_f32(aux)
 
-    def microbatch(params: Params, chunk: Batch, key: Optional[Key]):
+    def microbatch(params: Params, frozen: Any, chunk: Batch, key: Optional[Key]):
         """One microbatch's summed gradients, value and count (a `TokenLoss`), or its mean's."""
-        grads, value, count, aux = loss_and_grads(params, chunk, key)
+        grads, value, count, aux = loss_and_grads(params, chunk, key, frozen)
         if count is not None:  # token-weighted: back from this microbatch's mean to its sum
             weight = count.clamp(min=1.0)
             grads, value = tree_map(lambda g: g * weight.to(g.dtype), grads), value * weight
         return grads, value, count, aux
 
-    def accumulate(params: Params, batch: Batch, step_key: Optional[Key]):
+    def accumulate(params: Params, frozen: Any, batch: Batch, step_key: Optional[Key]):
         batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
         if microbatches == 1:  # the batch's own mean (token-weighted for a TokenLoss) is the answer
-            return loss_and_grads(params, batch, step_key)
+            return loss_and_grads(params, batch, step_key, frozen)
         # One loop (`rolled_sum`): under jit(backend="inductor") one `scan` node; on DTensor a Python
         # loop (traced per microbatch); on XLA microbatches 2..k are one While.
         keys = None
         if step_key is not None:
             keys = torch.stack([fold_in(step_key, i) for i in range(microbatches)])
-        grads, value, count, aux = rolled_sum(lambda p, x: microbatch(p, *x), params,
+        grads, value, count, aux = rolled_sum(lambda c, x: microbatch(*c, *x), (params, frozen),
                                               (_stack_microbatches(batch, microbatches), keys))
         return _normalise(grads, value, count, aux, microbatches)
 
@@ -249,7 +253,7 @@ def train_step(
         state_key = getattr(state, "key", None)
         step_key = fold_in(state_key, state.step) if state_key is not None else None
 
-        acc_grads, loss, tokens, aux = accumulate(params, batch, step_key)
+        acc_grads, loss, tokens, aux = accumulate(params, getattr(state, "frozen", None), batch, step_key)
         # Leaves whose "gradient" is a statistic (an expert's load) move by their own rule; the
         # transformation and the norms see zeros there.
         split = statistics.split(params, acc_grads)

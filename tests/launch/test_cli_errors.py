@@ -53,5 +53,5 @@ def test_train_py_as_a_user_runs_it():
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: unknown config 'llama3_tinny'; did you mean 'llama3_tiny' or 'llama3_125m' or 'mistral_tiny'? Known: "
-        "['deepseek_v3_tiny', 'gpt2_tiny', 'llama3_125m', 'llama3_tiny', 'mistral_tiny', 'qwen2_tiny', 'qwen3_moe_tiny', 'sft', 'tiny_chat_sft']. Register one with @ember.launch.register_config(name) in a module you "
+        "['deepseek_v3_tiny', 'dpo', 'gpt2_tiny', 'llama3_125m', 'llama3_tiny', 'mistral_tiny', 'qwen2_tiny', 'qwen3_moe_tiny', 'sft', 'tiny_chat_dpo', 'tiny_chat_sft']. Register one with @ember.launch.register_config(name) in a module you "
         "--import. (EMBER_DEBUG=1 shows the traceback)"]
