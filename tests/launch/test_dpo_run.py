@@ -136,9 +136,11 @@ def test_a_reference_precomputed_once_gives_the_steps_of_the_frozen_copy(readme_
     and rewards as the frozen copy, and a state that holds no reference."""
     root, _ = readme_runs
     folder = str(root / "runs/tiny_chat/model")
-    common = ["--config", "dpo", "--init_from", folder, "--data.path", str(root / "runs/tiny_chat/prefs.jsonl"),
-              "--data.seq_len", "128", "--optim.learning_rate", "1e-4", "--backend", "eager", "--steps", "3",
-              "--eval_every", "3", "--eval_batches", "2", "--log_every", "1", "--sample_tokens", "0"]
+    pairs = tmp_path / "prefs.jsonl"  # 60 of the pairs (3 held out): scoring them all, eagerly, is what this adds
+    pairs.write_text("".join((root / "runs/tiny_chat/prefs.jsonl").read_text().splitlines(keepends=True)[:60]))
+    common = ["--config", "dpo", "--init_from", folder, "--data.path", str(pairs), "--data.seq_len", "128",
+              "--data.batch_size", "2", "--optim.learning_rate", "1e-4", "--backend", "eager", "--steps", "3",
+              "--eval_every", "3", "--eval_batches", "1", "--log_every", "1", "--sample_tokens", "0"]
     frozen = train.main(common + ["--out", str(tmp_path / "frozen")])
     precomputed = train.main(common + ["--out", str(tmp_path / "precomputed"), "--dpo.precompute_reference"])
     assert len(frozen) == len(precomputed) == 5  # 3 steps, 2 evaluations
