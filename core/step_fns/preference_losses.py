@@ -1,6 +1,7 @@
 """Preference losses over sequence log-probabilities: DPO and its variants, with TRL's names.
 
-Public names: `preference_losses`, `PreferenceLosses`, `PREFERENCE_LOSSES`, `REFERENCE_FREE`.
+Public names: `preference_losses`, `PreferenceLosses`, `sft_loss`, `check_loss_type`, `PREFERENCE_LOSSES`,
+`REFERENCE_FREE`.
 
 Every loss is a pure function of the policy's (and, where it has one, the reference's) summed
 log-probabilities of the chosen and rejected responses, one value per pair. With
@@ -28,7 +29,8 @@ from torch import Tensor
 
 from .sequence_logps import SequenceLogps
 
-__all__ = ["PREFERENCE_LOSSES", "PreferenceLosses", "REFERENCE_FREE", "preference_losses", "sft_loss"]
+__all__ = ["PREFERENCE_LOSSES", "PreferenceLosses", "REFERENCE_FREE", "check_loss_type", "preference_losses",
+           "sft_loss"]
 
 PREFERENCE_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "simpo", "orpo")
 REFERENCE_FREE = ("simpo", "orpo")
@@ -75,7 +77,7 @@ def preference_losses(chosen: SequenceLogps, rejected: SequenceLogps, ref_chosen
         ([0.4741, 0.9741], [0.25, -0.25])
     """
     check_loss_type(loss_type)
-    if loss_type in ("robust",) and not 0.0 <= label_smoothing < 0.5:
+    if loss_type == "robust" and not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"preference_losses(loss_type='robust') needs 0 <= label_smoothing < 0.5, got {label_smoothing}.")
     if loss_type in REFERENCE_FREE:
         return _reference_free(chosen, rejected, loss_type, beta, label_smoothing, simpo_gamma)
