@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..pytree import tree_leaves_with_path
+from ..tree_math import tree_cast
 from ..transforms import check_scalar_loss
 from .token_loss import TokenLoss
 
@@ -101,6 +102,12 @@ def check_token_loss(loss: TokenLoss) -> None:
             f"loss_fn returned a TokenLoss whose count is {describe(count)}; it must be a 0-d integer "
             f"or floating tensor, the number of valid tokens: `valid.sum()` (not the mask itself)."
         )
+
+
+def frozen_kwargs(state: Any, compute_dtype: Any) -> Dict[str, Any]:
+    """`{"frozen": state.frozen}` in the compute dtype for a loss function, or `{}` when the state holds none."""
+    frozen = getattr(state, "frozen", None)
+    return {} if frozen is None else {"frozen": tree_cast(frozen, compute_dtype)}
 
 
 def learning_rates(opt_state: Any) -> Dict[str, Tensor]:

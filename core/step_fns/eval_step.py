@@ -11,7 +11,7 @@ import torch
 
 from ..tree_math import tree_cast
 from ..types import Batch, Metrics
-from ._common import check_builder_args, is_state_like, split_loss_output
+from ._common import check_builder_args, frozen_kwargs, is_state_like, split_loss_output
 from .statistic_leaves import NO_STATISTICS, statistic_leaves_of
 from .token_loss import TokenLoss
 
@@ -61,8 +61,7 @@ def eval_step(
 
     def step(params_or_state: Any, batch: Batch) -> Metrics:
         params = params_or_state.params if is_state_like(params_or_state) else params_or_state
-        frozen = getattr(params_or_state, "frozen", None) if is_state_like(params_or_state) else None
-        read_only = {} if frozen is None else {"frozen": tree_cast(frozen, compute_dtype) if compute_dtype else frozen}
+        read_only = frozen_kwargs(params_or_state, compute_dtype) if is_state_like(params_or_state) else {}
         with torch.no_grad():
             out = loss_fn(statistics.cast(params, compute_dtype), tree_cast(batch, compute_dtype), key=None,
                           **read_only)

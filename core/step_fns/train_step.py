@@ -23,7 +23,8 @@ from ..tree_math import apply_updates, global_norm, tree_cast, tree_scale, tree_
 from ..types import Batch, Key, Metrics, Params
 from ..protocols import GradientTransformation, check_gradient_transformation
 from .statistic_leaves import NO_STATISTICS, statistic_leaves_of
-from ._common import RESERVED_METRICS, check_builder_args, check_state, learning_rates, split_loss_output
+from ._common import (RESERVED_METRICS, check_builder_args, check_state, frozen_kwargs, learning_rates,
+                      split_loss_output)
 from .token_loss import TokenLoss
 __all__ = ["train_step"]
 
@@ -205,9 +206,8 @@ def train_step(
     skip_nonfinite = bool(skip_nonfinite)
     statistics = statistic_leaves_of(loss_fn) or NO_STATISTICS
 
-    def loss_and_grads(params: Params, batch: Batch, key: Optional[Key], frozen: Any):
+    def loss_and_grads(params: Params, batch: Batch, key: Optional[Key], read_only: Dict[str, Any]):
         """Gradients and value of one (micro)batch's summed total (`TokenLoss`) or mean loss, its count, aux."""
-        read_only = {} if frozen is None else {"frozen": tree_cast(frozen, compute_dtype) if compute_dtype else frozen}
 
         def objective(p: Params):
             out = loss_fn(statistics.cast(p, compute_dtype), batch, key=key, **read_only)
@@ -223,24 +223,24 @@ def train_step(
         (value, (aux, count)), grads = value_and_grad(objective, has_aux=True)(params)
         return tree_cast(grads, accumulate_dtype), value, count.get("count"), _aux_f32(aux)
 
-    def microbatch(params: Params, frozen: Any, chunk: Batch, key: Optional[Key]):
+    def microbatch(params: Params, read_only: Dict[str, Any], chunk: Batch, key: Optional[Key]):
         """One microbatch's summed gradients, value and count (a `TokenLoss`), or its mean's."""
-        grads, value, count, aux = loss_and_grads(params, chunk, key, frozen)
+        grads, value, count, aux = loss_and_grads(params, chunk, key, read_only)
         if count is not None:  # token-weighted: back from this microbatch's mean to its sum
             weight = count.clamp(min=1.0)
             grads, value = tree_map(lambda g: g * weight.to(g.dtype), grads), value * weight
         return grads, value, count, aux
 
-    def accumulate(params: Params, frozen: Any, batch: Batch, step_key: Optional[Key]):
+    def accumulate(params: Params, read_only: Dict[str, Any], batch: Batch, step_key: Optional[Key]):
         batch = tree_cast(batch, compute_dtype) if compute_dtype is not None else batch
         if microbatches == 1:  # the batch's own mean (token-weighted for a TokenLoss) is the answer
-            return loss_and_grads(params, batch, step_key, frozen)
+            return loss_and_grads(params, batch, step_key, read_only)
         # One loop (`rolled_sum`): under jit(backend="inductor") one `scan` node; on DTensor a Python
         # loop (traced per microbatch); on XLA microbatches 2..k are one While.
         keys = None
         if step_key is not None:
             keys = torch.stack([fold_in(step_key, i) for i in range(microbatches)])
-        grads, value, count, aux = rolled_sum(lambda c, x: microbatch(*c, *x), (params, frozen),
+        grads, value, count, aux = rolled_sum(lambda c, x: microbatch(*c, *x), (params, read_only),
                                               (_stack_microbatches(batch, microbatches), keys))
         return _normalise(grads, value, count, aux, microbatches)
 
@@ -253,7 +253,8 @@ def train_step(
         state_key = getattr(state, "key", None)
         step_key = fold_in(state_key, state.step) if state_key is not None else None
 
-        acc_grads, loss, tokens, aux = accumulate(params, getattr(state, "frozen", None), batch, step_key)
+        # A reference is cast to the compute dtype once, not once per microbatch.
+        acc_grads, loss, tokens, aux = accumulate(params, frozen_kwargs(state, compute_dtype), batch, step_key)
         # Leaves whose "gradient" is a statistic (an expert's load) move by their own rule; the
         # transformation and the norms see zeros there.
         split = statistics.split(params, acc_grads)
