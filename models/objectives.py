@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Tuple
 
 from ..core.step_fns.chunked_loss import chunked_cross_entropy
 from ..core.step_fns.losses import cross_entropy
@@ -46,27 +46,47 @@ def lm_loss(model: Any, *, z_loss: float = 0.0, ignore_index: int = -100) -> Cal
         step, whatever the microbatches or mesh.
     """
 
-    chunk_size = getattr(getattr(model, "config", None), "loss_chunk_size", 0)
+    chunk_size = loss_chunk_size(model)
     routed = callable(getattr(model, "auxiliary_loss", None))  # a mixture of experts: router losses and metrics
 
     def loss_fn(params: Params, batch: Batch, *, key: Key | None) -> Any:
         tokens, extra = batch["inputs"], {k: v for k, v in batch.items() if k not in ("inputs", "targets")}
+        out, router_stats = forward_for_loss(model, params, tokens, key=key, chunked=bool(chunk_size), **extra)
         if chunk_size:
-            run = model.features_and_extras if routed else lambda *a, **k: (model.features(*a, **k), None)
-            hidden, router_stats = run(params, tokens, key=key, **extra)  # (B, T, d)
             name, head = model.head()
-            loss = chunked_cross_entropy(head, params[name], hidden, batch["targets"], chunk_size=chunk_size,
+            loss = chunked_cross_entropy(head, params[name], out, batch["targets"], chunk_size=chunk_size,
                                          ignore_index=ignore_index, z_loss=z_loss)
         else:
-            run = model.apply_and_extras if routed else lambda *a, **k: (model.apply(*a, **k), None)
-            logits, router_stats = run(params, tokens, key=key, **extra)  # (B, T, V)
-            loss = cross_entropy(logits, batch["targets"], ignore_index=ignore_index, z_loss=z_loss,
+            loss = cross_entropy(out, batch["targets"], ignore_index=ignore_index, z_loss=z_loss,
                                  reduction="sum_and_count")
         if not routed:
             return loss
         extra_total, metrics = model.auxiliary_loss(router_stats, loss.count)
         return TokenLoss(loss.total + extra_total, loss.count), metrics
 
+    return with_statistic_leaves(loss_fn, model)
+
+
+def loss_chunk_size(model: Any) -> int:
+    """The config's `loss_chunk_size` of a model that runs its head apart (`features`, `head`), else 0: a
+    LoRA model (whose `apply` merges the adapters into every weight) takes the whole head."""
+    size = getattr(getattr(model, "config", None), "loss_chunk_size", 0)
+    return size if size and callable(getattr(model, "features", None)) else 0
+
+
+def forward_for_loss(model: Any, params: Params, tokens: Any, *, key: Key | None, chunked: bool,
+                     **extra: Any) -> Tuple[Any, Any]:
+    """`(final hidden states (B, T, d) when chunked, else logits (B, T, V); router stats or None)`."""
+    routed = callable(getattr(model, "auxiliary_loss", None))
+    if chunked:
+        run = model.features_and_extras if routed else lambda *a, **k: (model.features(*a, **k), None)
+    else:
+        run = model.apply_and_extras if routed else lambda *a, **k: (model.apply(*a, **k), None)
+    return run(params, tokens, key=key, **extra)
+
+
+def with_statistic_leaves(loss_fn: Callable[..., Any], model: Any) -> Callable[..., Any]:
+    """`loss_fn` carrying the model's `statistic_leaves` (an expert bias moves by its load), for `train_step`."""
     rule = getattr(model, "statistic_leaves", None)
     loss_fn.statistic_leaves = rule() if callable(rule) else None  # type: ignore[attr-defined]
     return loss_fn

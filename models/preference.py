@@ -37,6 +37,7 @@ from ..core.step_fns.preference_losses import (
 from ..core.step_fns.sequence_logps import SequenceLogps, chunked_token_logps, sequence_logps, token_logps
 from ..core.step_fns.token_loss import TokenLoss
 from ..core.types import Batch, Key, Params
+from .objectives import forward_for_loss, loss_chunk_size, with_statistic_leaves
 
 __all__ = ["DPOConfig", "PAIR_KEYS", "dpo_loss", "reference_logps", "response_logps"]
 
@@ -86,17 +87,13 @@ def response_logps(model: Any, params: Params, inputs: Tensor, targets: Tensor, 
     Chunked over tokens when the model's config sets `loss_chunk_size` (the `(B, T, V)` logits never
     exist); a mixture of experts also returns its router stats (for `auxiliary_loss`).
     """
-    chunk_size = getattr(getattr(model, "config", None), "loss_chunk_size", 0)
-    routed = callable(getattr(model, "auxiliary_loss", None))
-    if chunk_size and callable(getattr(model, "features", None)):
-        run = model.features_and_extras if routed else lambda *a, **k: (model.features(*a, **k), None)
-        hidden, stats = run(params, inputs, key=key, **extra)  # (B, T, d)
+    chunk_size = loss_chunk_size(model)
+    out, stats = forward_for_loss(model, params, inputs, key=key, chunked=bool(chunk_size), **extra)
+    if chunk_size:
         name, head = model.head()
-        return chunked_token_logps(head, params[name], hidden, targets, chunk_size=chunk_size,
+        return chunked_token_logps(head, params[name], out, targets, chunk_size=chunk_size,
                                    ignore_index=ignore_index), stats
-    run = model.apply_and_extras if routed else lambda *a, **k: (model.apply(*a, **k), None)
-    logits, stats = run(params, inputs, key=key, **extra)  # (B, T, V)
-    return token_logps(logits, targets, ignore_index=ignore_index), stats
+    return token_logps(out, targets, ignore_index=ignore_index), stats
 
 
 def dpo_loss(model: Any, *, loss: str = "sigmoid", beta: float = 0.1, label_smoothing: float = 0.0,
@@ -146,16 +143,14 @@ def dpo_loss(model: Any, *, loss: str = "sigmoid", beta: float = 0.1, label_smoo
             total = total + sft_weight * nll * pairs
             metrics["sft_loss"] = nll.detach()
         if routed:  # router losses: their per-token mean, once per pair like the other terms
-            extra_total, router_metrics = model.auxiliary_loss(stats, (targets != ignore_index).sum())
-            count = (targets != ignore_index).sum().clamp(min=1).to(extra_total.dtype)
-            total = total + extra_total / count * pairs
+            scored = (targets != ignore_index).sum()
+            extra_total, router_metrics = model.auxiliary_loss(stats, scored)
+            total = total + extra_total / scored.clamp(min=1).to(extra_total.dtype) * pairs
             metrics.update(router_metrics)
         count = torch.full((), pairs, dtype=torch.float32, device=total.device)
         return TokenLoss(total, count), metrics
 
-    rule = getattr(model, "statistic_leaves", None)  # an expert bias moves by its load, as under `lm_loss`
-    loss_fn.statistic_leaves = rule() if callable(rule) else None  # type: ignore[attr-defined]
-    return loss_fn
+    return with_statistic_leaves(loss_fn, model)
 
 
 def reference_logps(model: Any, params: Params, rows: Dict[str, Any], *, batch_size: int = 8,
@@ -171,8 +166,7 @@ def reference_logps(model: Any, params: Params, rows: Dict[str, Any], *, batch_s
         for start in range(0, n, batch_size):
             part = {k: torch.as_tensor(rows[k][start:start + batch_size], device=device) for k in PAIR_KEYS}
             inputs, targets, extra = _stacked(part)
-            total = sequence_logps(response_logps(model, params, inputs, targets, **extra)[0], targets).total
-            out.append(total.float().cpu().reshape(2, -1))
+            out.append(_summed(model, params, inputs, targets, extra).float().cpu().reshape(2, -1))
     both = torch.cat(out, dim=1).numpy() if out else torch.zeros(2, 0).numpy()
     return both[0], both[1]
 
@@ -203,9 +197,10 @@ def _reference(model: Any, params: Params, batch: Batch, frozen: Optional[Params
     if all(k in batch for k in _REFERENCE_KEYS):
         return batch["ref_chosen_logps"], batch["ref_rejected_logps"]
     if frozen is not None:
-        ref_model, ref_params = model, frozen
+        ref_model, ref_params, like = model, frozen, params
         if _is_lora(model) and not (isinstance(frozen, dict) and set(frozen) == {"base", "lora"}):
-            ref_model = model.base  # a LoRA policy against a plain reference checkpoint
+            ref_model, like = model.base, params["base"]  # a LoRA policy against a plain reference checkpoint
+        _check_reference(ref_params, like)
     elif _is_lora(model):
         ref_model, ref_params = model.base, params["base"]  # the adapters off: the policy's own base weights
     else:
@@ -214,23 +209,26 @@ def _reference(model: Any, params: Params, batch: Batch, frozen: Optional[Params
             "(`TrainStateWithFrozen.create(params=..., tx=..., frozen=reference_params)`), precompute "
             "`ref_chosen_logps` / `ref_rejected_logps` into the batch, train a LoRA policy (the base is the "
             f"reference), or use a reference-free loss ({', '.join(REFERENCE_FREE)}).")
-    _check_reference(ref_model, ref_params)
     ref_params = tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, ref_params)
-    per_token, _ = response_logps(ref_model, ref_params, inputs, targets, key=key, ignore_index=ignore_index, **extra)
-    total = sequence_logps(per_token.detach(), targets, ignore_index=ignore_index).total
+    total = _summed(ref_model, ref_params, inputs, targets, extra, key=key, ignore_index=ignore_index)
     return total[:pairs], total[pairs:]
+
+
+def _summed(model: Any, params: Params, inputs: Tensor, targets: Tensor, extra: Dict[str, Tensor], *,
+            key: Optional[Key] = None, ignore_index: int = -100) -> Tensor:
+    """The summed log-probabilities of each row's scored targets, `(2B,)`."""
+    per_token, _ = response_logps(model, params, inputs, targets, key=key, ignore_index=ignore_index, **extra)
+    return sequence_logps(per_token, targets, ignore_index=ignore_index).total
 
 
 def _is_lora(model: Any) -> bool:
     return hasattr(model, "merged") and hasattr(model, "base") and hasattr(model, "rank")
 
 
-def _check_reference(model: Any, ref_params: Params) -> None:
-    """One line naming the first leaf whose shape differs from the model's, when the reference is another architecture."""
-    shapes = getattr(model, "param_shapes", None)
-    if not callable(shapes):
-        return
-    want = {p: tuple(t.shape) for p, t in tree_leaves_with_path(shapes())}
+def _check_reference(ref_params: Params, policy_params: Params) -> None:
+    """One line naming the first leaf whose shape differs from the policy's, when the reference is another
+    architecture (read from the trees themselves: no parameter shapes built on each call)."""
+    want = {p: tuple(t.shape) for p, t in tree_leaves_with_path(policy_params) if isinstance(t, Tensor)}
     got = {p: tuple(t.shape) for p, t in tree_leaves_with_path(ref_params) if isinstance(t, Tensor)}
     if want == got:
         return

@@ -18,7 +18,7 @@ from ember.core.transforms import value_and_grad
 from ember.core.tree_math import global_norm
 from ember.data.preference import PreferencePairs, make_preference_pipeline, tokenize_preference_example
 from ember.data.tokenizers import ByteTokenizer
-from ember.models import DPOConfig, build_model, dpo_loss, to_lora
+from ember.models import DPOConfig, build_model, dpo_loss, lm_loss, to_lora
 from ember.models.preference import response_logps
 
 TINY = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, ffn_dim=64, max_seq_len=16)
@@ -65,6 +65,17 @@ def test_chunked_log_probs_equal_the_whole_head(model, params):
     torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-6)
     for a, b in zip(pytree.tree_leaves(g1), pytree.tree_leaves(g2)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_a_lora_model_with_a_chunked_config_takes_the_whole_head(params):
+    """`LoRAModel` merges its adapters in `apply` and has no `features`: its losses run the whole head (before,
+    `lm_loss` of such a model raised `AttributeError: features`)."""
+    chunked = to_lora(build_model("llama3", "tiny", **TINY, loss_chunk_size=7), rank=4, targets=("wq", "wv"))
+    plain = to_lora(build_model("llama3", "tiny", **TINY), rank=4, targets=("wq", "wv"))
+    lora_params = plain.init_from(params, key=random.key(3))
+    batch = {"inputs": _pairs()["chosen_inputs"], "targets": _pairs()["chosen_targets"]}
+    a, b = lm_loss(chunked)(lora_params, batch, key=None), lm_loss(plain)(lora_params, batch, key=None)
+    assert torch.equal(a.total, b.total) and torch.equal(a.count, b.count)
 
 
 def test_chunked_token_logps_is_remat_per_chunk():
