@@ -11,8 +11,9 @@ from ember.launch import train
 
 README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
 BLOCKS = re.findall(r"```bash\n(.*?)```", README, re.S)
-# A block that builds its own model folder first (`launch/tiny_chat.py`) runs whole, in order, in
-# tests/launch/test_finetune.py; the checks of single commands below take the other blocks.
+# A block that builds its own model folder first (`launch/tiny_chat.py`) runs whole, in order
+# (tests/launch/_readme_runs.py, from test_finetune.py and test_dpo_run.py); the checks of single commands
+# below take the other blocks.
 SINGLE_COMMAND_BLOCKS = [block for block in BLOCKS if "launch/tiny_chat.py" not in block]
 
 

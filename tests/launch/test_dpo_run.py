@@ -7,7 +7,6 @@ import json
 import os
 import pathlib
 import re
-import shlex
 import shutil
 import sys
 
@@ -16,51 +15,32 @@ import torch
 
 from ember.core import pytree
 from ember.core.checkpoint import CheckpointManager
-from ember.launch import ckpt, train
+from ember.launch import train
 from ember.launch.build import build_model as build_run_model
 from ember.launch.build import initial_state
 from ember.launch.metrics_log import read_metrics
 from ember.launch.run_config import parse_cli
-from ember.launch.tiny_chat import main as tiny_chat_main
 from ember.models import from_hf, to_lora
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: _processes
 from _processes import run_in_own_group  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _readme_runs import readme_section, run_readme_commands  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dpo_run")]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
 SHORT = ["--steps", "40", "--eval_every", "20", "--eval_batches", "4", "--log_every", "10", "--sample_tokens", "0",
          "--backend", "eager"]
 """Appended to the README's training commands: 40 eager steps, the held-out pairs evaluated twice."""
-
-
-def _section():
-    return README.read_text().split("## Preference optimization\n", 1)[1].split("\n## ", 1)[0]
-
-
-def _commands():
-    block = re.search(r"```bash\n(.*?)```", _section(), re.S).group(1)
-    return [shlex.split(line.split(" #")[0]) for line in block.splitlines() if line.startswith("python ")]
+HEADING = "## Preference optimization"
 
 
 @pytest.fixture(scope="module")
 def readme_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dpo_readme")
-    histories, patch = {}, pytest.MonkeyPatch()
-    patch.chdir(root)
-    try:
-        for _, script, *argv in _commands():
-            if script == "launch/tiny_chat.py":
-                tiny_chat_main(argv)
-            elif script == "launch/train.py":
-                histories[argv[argv.index("--out") + 1]] = train.main(argv + SHORT)
-            else:
-                assert script == "launch/ckpt.py" and ckpt.main(argv) == argv[argv.index("--out") + 1]
-    finally:
-        patch.undo()
-    return root, histories
+    return root, run_readme_commands(root, HEADING, SHORT)
 
 
 @pytest.mark.parametrize("run", ["runs/dpo", "runs/dpo_lora"])
@@ -103,7 +83,8 @@ def test_the_lora_export_loads_in_transformers_with_embers_logits(readme_runs):
 
 def test_the_readme_script_composes_the_step_by_hand(readme_runs, monkeypatch, capsys):
     root, _ = readme_runs
-    source = re.search(r"```python\n(.*?)```", _section(), re.S).group(1).replace("range(30)", "range(3)")
+    section = readme_section(HEADING).split("\n## ", 1)[0]
+    source = re.search(r"```python\n(.*?)```", section, re.S).group(1).replace("range(30)", "range(3)")
     monkeypatch.chdir(root)
     exec(compile(source, "dpo_by_hand.py", "exec"), {"__name__": "__main__"})
     assert re.search(r"reward accuracy \d\.\d\d, margin -?\d\.\d{3}", capsys.readouterr().out)

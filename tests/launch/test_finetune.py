@@ -3,9 +3,8 @@ JSONL here; `--config tiny_chat_sft` (`make finetune`) fine-tunes the Qwen2 one 
 "Fine-tuning a Hugging Face folder" commands (`--config sft`, LoRA flags, `ckpt.py export --hf`) a Gemma one."""
 
 import json
-import pathlib
-import re
-import shlex
+import os
+import sys
 
 import pytest
 import torch
@@ -13,14 +12,16 @@ import torch
 from ember.core import pytree
 from ember.core.checkpoint import CheckpointManager
 from ember.data import load_model_tokenizer
-from ember.launch import ckpt, train
+from ember.launch import train
 from ember.launch.build import build_model as build_run_model
 from ember.launch.build import initial_state
 from ember.launch.init_from import check_init_from
 from ember.launch.run_config import parse_cli
 from ember.launch.tiny_chat import CHATML, build
-from ember.launch.tiny_chat import main as tiny_chat_main
 from ember.models import from_hf, to_lora
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _readme_runs import run_readme_commands  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -64,36 +65,16 @@ def test_the_sft_path_fine_tunes_a_qwen3_moe_folder(tmp_path, capsys):
     assert all("moe_aux_loss" in r for r in history if "loss" in r)
 
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 FAST = ["--steps", "2", "--eval_every", "2", "--eval_batches", "1", "--log_every", "1", "--sample_tokens", "0",
         "--backend", "eager", "--data.seq_len", "128", "--data.batch_size", "2"]
 """Appended to the README's training commands: 2 eager steps on short windows (the flags as written still parse)."""
-
-
-def _readme_commands(title):
-    """The words of each command in the first bash block under the README heading `### title`."""
-    section = README.read_text().split(f"### {title}\n", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    return [shlex.split(line.split(" #")[0]) for line in block.splitlines() if line.startswith("python ")]
 
 
 @pytest.fixture(scope="module")
 def readme_runs(tmp_path_factory):
     """The README's "Fine-tuning a Hugging Face folder" commands, run in order in an empty folder."""
     root = tmp_path_factory.mktemp("readme")
-    histories, patch = {}, pytest.MonkeyPatch()
-    patch.chdir(root)
-    try:
-        for _, script, *argv in _readme_commands("Fine-tuning a Hugging Face folder"):
-            if script == "launch/tiny_chat.py":
-                tiny_chat_main(argv)
-            elif script == "launch/train.py":
-                histories[argv[argv.index("--out") + 1]] = train.main(argv + FAST)
-            else:
-                assert script == "launch/ckpt.py" and ckpt.main(argv) == argv[argv.index("--out") + 1]
-    finally:
-        patch.undo()
-    return root, histories
+    return root, run_readme_commands(root, "### Fine-tuning a Hugging Face folder", FAST)
 
 
 def test_the_readme_fine_tunes_a_gemma_folder_with_the_generic_sft_config(readme_runs):
