@@ -37,6 +37,9 @@ from ember.core.dataclass_json import to_dict
 from ember.core.registry import Registry
 from ember.data.config import DataConfig
 from ember.launch.flag_spelling import bool_words, one_line
+from ember.launch.lm_eval_tasks import EvalConfig
+from ember.launch.profiling import ProfileConfig
+from ember.launch.trackers import LogConfig
 from ember.models.lora import LoRAConfig
 from ember.models.preference import DPOConfig
 from ember.optim.config import OptimConfig
@@ -99,6 +102,12 @@ class TrainConfig:
     """Steps between evaluations (and at the end); 0: no evaluation (the eval split is not even built)."""
     eval_batches: int = 8
     """Batches per evaluation."""
+    eval: EvalConfig = EvalConfig()
+    """lm-eval tasks scored at every evaluation (`--eval.lm_eval_tasks`)."""
+    log: LogConfig = LogConfig()
+    """Experiment trackers beside metrics.jsonl and TensorBoard (`--log.wandb`, `--log.mlflow`)."""
+    profile: ProfileConfig = ProfileConfig()
+    """A profiler trace of chosen steps (`--profile.steps A:B`) and a memory snapshot (`--profile.memory`)."""
     sample_tokens: int = 200
     """Tokens generated at the end of training (0 disables)."""
     sample_prompt: str = "def "
