@@ -158,14 +158,26 @@ def eval_fn(cfg: TrainConfig, model: Any) -> Callable:
 
 
 def evaluator(cfg: TrainConfig, eval_one: Callable, *, tokenizer: Any, device: Any,
-              context_parallel: int = 1, reference_logps: Optional[Dict[str, Any]] = None) -> Callable:
+              context_parallel: int = 1, reference_logps: Optional[Dict[str, Any]] = None,
+              model: Any = None, sharding: Any = None) -> Callable:
     """`eval_fn(state) -> metrics`: `eval_one` averaged over `cfg.eval_batches` batches of the eval split
-    (in `cp`'s sequence order when `context_parallel` > 1; pairs with `reference_logps`, when precomputed)."""
+    (in `cp`'s sequence order when `context_parallel` > 1; pairs with `reference_logps`, when precomputed);
+    with `--eval.lm_eval_tasks`, also those tasks' scores on the live params of `model` (`lm_eval/<task>/<metric>`)."""
+    lm_eval_scores = None
+    if cfg.eval.lm_eval_tasks:  # task names checked now, before any step
+        if model is None:
+            raise ValueError("--eval.lm_eval_tasks scores the live model, but this launcher does not pass it to the "
+                             "evaluator; run launch/eval.py on the run's checkpoints instead.")
+        from ember.launch.lm_eval_tasks import training_scorer
+
+        lm_eval_scores = training_scorer(cfg.eval, model, tokenizer, backend=cfg.backend,
+                                         batch_size=cfg.data.batch_size, sharding=sharding)
 
     def eval_fn(state: TrainState) -> Any:
         batches = data.build_batches(cfg.data, tokenizer=tokenizer, split="eval", device=device,
                                      context_parallel=context_parallel, reference_logps=reference_logps)
         target = state if getattr(state, "frozen", None) is not None else state.params  # a reference reads frozen
-        return evaluate(eval_one, target, itertools.islice(batches, cfg.eval_batches))
+        metrics = evaluate(eval_one, target, itertools.islice(batches, cfg.eval_batches))
+        return metrics if lm_eval_scores is None else {**metrics, **lm_eval_scores(state.params)}
 
     return eval_fn

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ember.core.checkpoint import CheckpointError, CheckpointManager, model_info
 from ember.core.dataclass_json import to_dict
+from ember.launch.throughput import THROUGHPUT_KEYS
 
 __all__ = ["CHECKPOINTS_DIR", "already_finished", "build_manager", "check_keep_best", "check_resume_model", "checkpoint_dir",
            "checkpoint_hook", "finish", "maybe_resume", "model_info_for", "save_if_due", "set_aside_steps_after"]
@@ -229,11 +230,12 @@ def maybe_resume(
 
 
 def _metrics_at(writer: Any, step: int) -> Dict[str, float]:
+    """The model metrics logged at `step` (the throughput keys left out: they say nothing of the weights)."""
     merged: Dict[str, float] = {}
     for row in reversed(getattr(writer, "history", []) or []):
         if row.get("step") != step:
             break
-        merged = {**{k: v for k, v in row.items() if k != "step"}, **merged}
+        merged = {**{k: v for k, v in row.items() if k != "step" and k not in THROUGHPUT_KEYS}, **merged}
     return merged
 
 
@@ -256,6 +258,13 @@ def save_if_due(
                         metrics=metrics, force=force, sharding=sharding)
 
 
+def _record_checkpoint(writer: Any, manager: CheckpointManager, step: int) -> None:
+    """Name the saved step's folder to the writer's experiment trackers (`MetricsWriter.record_checkpoint`)."""
+    record = getattr(writer, "record_checkpoint", None)
+    if record is not None:
+        record(step, os.path.join(manager.directory, str(step)))
+
+
 def checkpoint_hook(
     manager: Optional[CheckpointManager],
     batches: Any,
@@ -270,8 +279,9 @@ def checkpoint_hook(
         return None
 
     def on_step_end(step: int, state: Any) -> None:
-        save_if_due(manager, step, state, batches, cfg=cfg, metrics=_metrics_at(writer, step),
-                    model_info=model_info, sharding=sharding)
+        if save_if_due(manager, step, state, batches, cfg=cfg, metrics=_metrics_at(writer, step),
+                       model_info=model_info, sharding=sharding):
+            _record_checkpoint(writer, manager, step)
 
     return on_step_end
 
@@ -291,9 +301,11 @@ def finish(
         return None
     try:
         step = int(state.step)  # host sync: once, at the end
-        save_if_due(manager, step, state, batches, cfg=cfg, metrics=_metrics_at(writer, step),
-                    model_info=model_info, sharding=sharding, force=True)
+        saved = save_if_due(manager, step, state, batches, cfg=cfg, metrics=_metrics_at(writer, step),
+                            model_info=model_info, sharding=sharding, force=True)
         manager.wait()
+        if saved:
+            _record_checkpoint(writer, manager, step)
         return manager.latest_step()
     finally:
         manager.close()

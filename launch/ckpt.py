@@ -15,6 +15,7 @@ without `--overwrite`. `--hf` writes `config.json` + `model.safetensors` loadabl
 `transformers.AutoModelForCausalLM.from_pretrained` (any native family; a LoRA run's adapters merged in),
 plus the tokenizer files and chat template of the Hugging Face folder the run read its tokenizer from
 (a byte-tokenizer run: a `tokenizer.json` of the same ids; a BPE run, trained in memory, has none to write).
+A run trained with `--log.wandb` / `--log.mlflow` (its `trackers.json`) gets the export recorded in those runs.
 """
 
 import argparse
@@ -23,6 +24,7 @@ import sys
 from ember.launch.cli import run_main
 from ember.launch.ckpt_export import export
 from ember.launch.ckpt_tools import HEADER, checkpoint_root, listing_rows
+from ember.launch.trackers import record_export
 
 
 def list_checkpoints(directory, *, verify=True, out=None):
@@ -62,6 +64,8 @@ def main(argv=None):
         return 1 if any(list_checkpoints(args.directory, verify=args.verify).values()) else 0
     path = export(args.directory, step=args.step, out=args.out, hf=args.hf, overwrite=args.overwrite)
     print(f"wrote {path}")
+    if recorded := record_export(args.directory, path):  # the run's trackers.json: its W&B / MLflow runs
+        print(f"recorded {path} in the run's {' and '.join(recorded)} run")
     return path
 
 

@@ -1,6 +1,7 @@
-"""Writing metrics: one JSON object per logged step, TensorBoard events, and a loss plot.
+"""Writing metrics: one JSON object per logged step, TensorBoard events, and a loss plot; with `trackers=`,
+the same rows (and each saved checkpoint) go to W&B / MLflow too (`ember.launch.trackers`).
 
-Public names: `MetricsWriter`, `read_metrics`, `plot_losses`.
+Public names: `MetricsWriter`, `read_metrics`, `plot_losses`, `host_values`.
 
 Steps return metrics as 0-d device tensors; the writer is the one place they cross to the host,
 all at once per logged step (`torch.stack(...).tolist()`), so a step never syncs.
@@ -22,17 +23,18 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["MetricsWriter", "plot_losses", "read_metrics"]
+__all__ = ["MetricsWriter", "host_values", "plot_losses", "read_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
 _MARKED_POINTS = 30  # a loss line with at most this many points also marks each one
 
 
-def _to_host(metrics: Mapping[str, Any]) -> Dict[str, float]:
+def host_values(metrics: Mapping[str, Any]) -> Dict[str, float]:
+    """`metrics` as Python floats: every 0-d tensor crosses to the host in one transfer (one sync)."""
     names = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
     out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
     if names:
@@ -50,12 +52,16 @@ class MetricsWriter:
         append: keep the rows already in `metrics.jsonl` (a resumed run); otherwise start it afresh.
         up_to_step: with `append`, keep only the rows up to this step (the step a run resumes
             from): the steps after it run again, so each step keeps one row.
+        trackers: experiment trackers (`ember.launch.trackers.open_trackers`) that get every row written
+            here, and the checkpoints `record_checkpoint` names; closed by `close`.
     """
 
     def __init__(self, out: Optional[str | os.PathLike], *, tensorboard: bool = True, append: bool = False,
-                 up_to_step: Optional[int] = None) -> None:
+                 up_to_step: Optional[int] = None, trackers: Sequence[Any] = ()) -> None:
         self.out = None if out is None else os.fspath(out)
         self.history: List[Dict[str, float]] = []
+        self.trackers = list(trackers)
+        self._checkpoints: List[Tuple[int, str]] = []  # saved, not yet recorded (an async save still writing)
         self._file = None
         self._tb = None
         if self.out is not None:
@@ -74,7 +80,7 @@ class MetricsWriter:
 
     def write(self, step: int, metrics: Mapping[str, Any], *, prefix: str = "") -> Dict[str, float]:
         """Log `metrics` (0-d tensors or numbers) at `step`; `prefix` names a split ("eval_")."""
-        row = {"step": int(step), **{prefix + k: v for k, v in _to_host(metrics).items()}}
+        row = {"step": int(step), **{prefix + k: v for k, v in host_values(metrics).items()}}
         self.history.append(row)
         if self._file is not None:
             strict = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in row.items()}
@@ -83,16 +89,44 @@ class MetricsWriter:
             for k, v in row.items():
                 if k != "step" and math.isfinite(v):
                     self._tb.add_scalar(k, v, global_step=row["step"])
+        for tracker in self.trackers:
+            tracker.log(row["step"], {k: v for k, v in row.items() if k != "step"})
+        if self._checkpoints:
+            self._record_checkpoints()
         return row
 
+    def record_checkpoint(self, step: int, path: str | os.PathLike) -> None:
+        """Record the checkpoint folder `path` of `step` in the trackers, once it exists (an async save
+        renames it into place when done: it is recorded at a later `write` or at `close`)."""
+        if self.trackers:
+            self._checkpoints.append((int(step), os.fspath(path)))
+            self._record_checkpoints()
+
+    def _record_checkpoints(self) -> None:
+        waiting = []
+        for step, path in self._checkpoints:
+            if not os.path.isdir(path):
+                waiting.append((step, path))
+                continue
+            for tracker in self.trackers:
+                tracker.log_artifact(path, kind="checkpoint", step=step)
+        self._checkpoints = waiting
+
     def close(self) -> None:
-        """Flush and close the files (idempotent)."""
+        """Flush and close the files and the trackers (idempotent)."""
         if self._file is not None:
             self._file.close()
             self._file = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        try:
+            if self._checkpoints:
+                self._record_checkpoints()  # the last saves were waited for (checkpointing.finish)
+        finally:
+            trackers, self.trackers, self._checkpoints = self.trackers, [], []
+            for tracker in trackers:
+                tracker.close()
 
     def __enter__(self) -> "MetricsWriter":
         return self

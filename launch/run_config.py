@@ -130,6 +130,7 @@ class TrainConfig:
             check_fields(self, pipeline_microbatches=positive_int)
         if self.keep_best:
             self._check_keep_best()
+        self.profile.check(steps=self.steps)  # --profile.steps within the run's steps
 
     def _check_keep_best(self) -> None:
         name, _, mode = self.keep_best.partition(":")

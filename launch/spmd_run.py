@@ -19,8 +19,11 @@ from ember.core.partition_specs import MESH_ORDER, Sharding, for_mesh, shard, sh
 from ember.core.partition_specs.report import describe_sharding
 from ember.launch import build, checkpointing
 from ember.launch.interrupt import GracefulStop
+from ember.launch.profiling import XlaStepProfiler
+from ember.launch.metrics_log import MetricsWriter
 from ember.launch.run_config import TrainConfig
 from ember.launch.sharded import check_mesh, context_parallel, pipeline_schedule
+from ember.launch.trackers import open_trackers
 
 __all__ = ["train"]
 
@@ -50,22 +53,41 @@ def train(cfg: TrainConfig, args: argparse.Namespace, *, say: Callable[..., None
                                        resume=args.resume, step=args.resume_step, model_info=info, sharding=sharding,
                                        axes=model.axes, log=say)
     first = int(state.step)
+    cfg.profile.check(steps=cfg.steps, start=first)  # --profile.steps before the resumed step: refused
+    main = xr.process_index() == 0  # --log.wandb / --log.mlflow: the first process logs each step's loss
+    writer = MetricsWriter(None, tensorboard=False, trackers=open_trackers(cfg, cfg.out if main else None,
+                                                                           resumed=first > 0))
+    try:
+        return _train(cfg, state, state0, model, data_iter, ckpt, info, sharding, first, writer, check, say, stop)
+    finally:
+        writer.close()
+
+
+def _train(cfg, state, state0, model, data_iter, ckpt, info, sharding, first, writer, check, say, stop):
     step_fn = build.step_fn(cfg, model)
     step = jit(step_fn, backend="xla", donate="state")
     losses, compiles, batches = [], [], []
+    profiler = XlaStepProfiler(cfg.profile, cfg.out or ".", say=say) if cfg.profile.steps else None  # --profile.steps
     start = time.perf_counter()
     with use_sharding(sharding):
         for n, batch in zip(range(first + 1, cfg.steps + 1), data_iter):
+            if profiler is not None:
+                profiler.step_started(n)
             before = step.compile_count
             state, metrics = step(state, shard_batch(batch, sharding))
             compiles.append(step.compile_count - before)
             losses.append(metrics["loss"])
             batches.append(batch)
-            checkpointing.save_if_due(ckpt, n, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
+            if profiler is not None:
+                profiler.step_done(n)
+            if checkpointing.save_if_due(ckpt, n, state, data_iter, cfg=cfg, model_info=info, sharding=sharding):
+                writer.record_checkpoint(n, checkpointing.checkpoint_dir(cfg) + f"/{n}")
             if stop.requested():  # one process per host: each host stops after the step it is in
                 break
-    saved = checkpointing.finish(ckpt, state, data_iter, cfg=cfg, model_info=info, sharding=sharding)
+    saved = checkpointing.finish(ckpt, state, data_iter, cfg=cfg, writer=writer, model_info=info, sharding=sharding)
     losses = [float(sharding.lowering.gather(x)) for x in losses]  # host sync, after the loop
+    for i, loss in enumerate(losses):
+        writer.write(first + i + 1, {"loss": loss})
     say(f"trained {len(losses)} steps in {time.perf_counter() - start:.1f}s (step 1 with compiling: "
         f"{step.compile_seconds:.1f}s)")
     for i, (loss, c) in enumerate(zip(losses, compiles)):

@@ -79,8 +79,10 @@ def main(argv=None):
     from ember.launch import spmd_run
     from ember.launch.interrupt import GracefulStop
     from ember.launch.run_dir import claim_run_directory
+    from ember.launch.trackers import check_trackers
 
     cfg = _checkpoints_at_the_end(cli.read_config(args, overrides, description=__doc__, parser=p), argv)
+    check_trackers(cfg.log)  # --log.wandb / --log.mlflow without the package: one line, before the run directory
     say = print if xr.process_index() == 0 else (lambda *a, **k: None)
     with claim_run_directory(cfg.out if xr.process_index() == 0 else None, resume=args.resume), GracefulStop() as stop:
         return spmd_run.train(cfg, args, say=say, stop=stop)

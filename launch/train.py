@@ -24,11 +24,15 @@ from ember.core.partition_specs import MESH_ORDER
 from ember.launch import build, checkpointing, cli, precision, ranks, sharded
 from ember.launch.host_memory import retain_freed_host_memory
 from ember.launch.interrupt import GracefulStop
+from ember.launch.lm_eval_tasks import check_training_tasks
 from ember.launch.loop import train_loop
 from ember.launch.metrics_log import MetricsWriter, read_metrics
+from ember.launch.profiling import StepProfiler
+from ember.launch.throughput import Throughput, step_flops
 from ember.models.layers.attention_kernel import attention_kernel_report
 from ember.launch.report import report_run, save_config
 from ember.launch.run_dir import claim_run_directory
+from ember.launch.trackers import check_trackers, open_trackers
 
 
 def main(argv=None):
@@ -42,6 +46,8 @@ def main(argv=None):
     retain_freed_host_memory()  # a step frees and re-allocates the same buffers: keep their pages
     cfg = cli.read_config(args, overrides, description=__doc__, parser=parser)
     build.check_backend(cfg)  # before anything is built or written
+    check_trackers(cfg.log)  # --log.wandb / --log.mlflow without the package: one line, nothing written
+    check_training_tasks(cfg.eval, eval_every=cfg.eval_every)  # --eval.lm_eval_tasks: lm_eval there, names known
     model = build.build_model(cfg)
     if args.dry_run:
         build.preflight(cfg, args, main=False)  # refuses an --init_from of another model
@@ -97,7 +103,7 @@ def train(cfg, model, sharding, args):
                                returns_state=False)
     cp = sharded.context_parallel(sharding)  # > 1: every sequence in its balanced order (ember.data.ContextOrder)
     eval_fn = build.evaluator(cfg, eval_one, tokenizer=tokenizer, device=device, context_parallel=cp,
-                              reference_logps=reference) \
+                              reference_logps=reference, model=model, sharding=sharding) \
         if cfg.eval_every else None  # --eval_every 0: no evaluation, no eval split built
     if args.resume_step is not None:  # the later steps move aside, so this run can save them again
         checkpointing.set_aside_steps_after(cfg, args.resume_step, main=main_rank)
@@ -110,12 +116,19 @@ def train(cfg, model, sharding, args):
                                        model_info=info, sharding=sharding, axes=model.axes,
                                        log=print if main_rank else (lambda _: None))
     resumed = int(state.step) > 0  # then metrics.jsonl keeps its rows up to the restored step
+    cfg.profile.check(steps=cfg.steps, start=int(state.step))  # --profile.steps before the resumed step: refused
     # The loss before any step, for reference; keep_best must name one of its metrics (checked before any file).
     first_eval = None if resumed or eval_fn is None else checkpointing.check_keep_best(cfg, eval_fn(state))
-    writer = MetricsWriter(cfg.out if main_rank else None, append=resumed, up_to_step=int(state.step) if resumed else None)
+    writer = MetricsWriter(cfg.out if main_rank else None, append=resumed, up_to_step=int(state.step) if resumed else None,
+                           trackers=open_trackers(cfg, cfg.out if main_rank else None, resumed=resumed))
     hooks = dict(cfg=cfg, writer=writer, model_info=info, sharding=sharding)
     sides = 2 if build.preference_run(cfg) else 1  # a preference batch holds a chosen and a rejected row per pair
     stop = GracefulStop()  # entered last: jax.distributed (multi-process checkpoints) installs its own SIGTERM handler
+    tokens = cfg.data.batch_size * cfg.data.seq_len * sides
+    throughput = Throughput(tokens_per_step=tokens, device=device, flops=step_flops(cfg) if main_rank else None,
+                            n_devices=int(os.environ.get("WORLD_SIZE", "1")), dtype=build.compute_dtype(cfg),
+                            tf32=cfg.tf32)  # MFU from the step's own FLOPs (ember.launch.throughput)
+    profiler = StepProfiler(cfg.profile, cfg.out or ".", device=device) if main_rank and cfg.profile.steps else None
     try:
         if main_rank:
             save_config(cfg)
@@ -125,7 +138,7 @@ def train(cfg, model, sharding, args):
             state = train_loop(step, state, batches, steps=cfg.steps, writer=writer, log_every=cfg.log_every,
                                eval_every=cfg.eval_every, eval_fn=eval_fn, progress=main_rank,
                                compiled=cfg.backend != "eager",
-                               tokens_per_step=cfg.data.batch_size * cfg.data.seq_len * sides,
+                               tokens_per_step=tokens, throughput=throughput, profiler=profiler,
                                on_step_end=checkpointing.checkpoint_hook(ckpt, batches, **hooks),
                                should_stop=sharded.on_every_rank(stop.requested))
         saved = checkpointing.finish(ckpt, state, batches, **hooks)

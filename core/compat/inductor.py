@@ -61,12 +61,13 @@ def data_dependent_errors() -> Tuple[type, ...]:
     return GuardOnDataDependentSymNode, DataDependentOutputException
 
 
-def fake_mode() -> Any:
-    """A fake mode with a shape environment, for tracing and compiling one graph (see `trace_fx`)."""
+def fake_mode(*, shape_env: bool = True) -> Any:
+    """A fake mode with a shape environment, for tracing and compiling one graph (see `trace_fx`); without
+    one (`shape_env=False`), for running a function on static shapes only (`ember.core.flop_count`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv() if shape_env else None)
 
 
 def trace_fx(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], mode: Any) -> torch.fx.GraphModule:
