@@ -1,6 +1,7 @@
 """`--init_from PATH`: a run's first parameters from a Hugging Face folder or an ember checkpoint.
 
-Public names: `load_initial_params`, `check_init_from`, `with_saved_model`, `with_saved_tokenizer`.
+Public names: `load_initial_params`, `check_init_from`, `with_saved_model`, `with_saved_tokenizer`, `saved_model`,
+`hf_folder_config`.
 
 A Hugging Face folder (`config.json` with a `model_type`, safetensors weights) of a native family is
 read with `ember.models.from_hf`'s mapping, into the configured layer layout (`scan_layers` either
@@ -28,9 +29,10 @@ from ember.core.dataclass_json import to_dict
 from ember.core.types import Params
 from ember.launch.model_mismatch import refusal
 
-__all__ = ["check_init_from", "load_initial_params", "with_saved_model", "with_saved_tokenizer"]
+__all__ = ["check_init_from", "hf_folder_config", "load_initial_params", "saved_model", "with_saved_model",
+           "with_saved_tokenizer"]
 
-def _hf_config(path: str) -> Optional[Dict[str, Any]]:
+def hf_folder_config(path: str) -> Optional[Dict[str, Any]]:
     """The folder's `config.json` if it is a Hugging Face model's (it names a `model_type`), else None."""
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
@@ -57,9 +59,9 @@ def _hf_model(path: str, hf: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
     return family, to_dict(saved)
 
 
-def _saved_model(path: str) -> Tuple[str, Any, Optional[str]]:
+def saved_model(path: str) -> Tuple[str, Any, Optional[str]]:
     """(family, model config, tokenizer folder or None) of the weights at `path` (no weights read)."""
-    hf = _hf_config(path)
+    hf = hf_folder_config(path)
     if hf is not None:
         from ember.models.hf import config_from_hf
 
@@ -89,7 +91,7 @@ def with_saved_model(cfg: Any, path: str) -> Any:
         ValueError: no folder at `path`, or a model type without a native ember family.
         CheckpointError: `path` holds no checkpoint, or one without a model config.
     """
-    family, model, tokenizer = _saved_model(path)
+    family, model, tokenizer = saved_model(path)
     data = cfg.data
     if data.tokenizer == "model" and data.tokenizer_path is None and tokenizer:
         data = dataclasses.replace(data, tokenizer_path=tokenizer)
@@ -102,10 +104,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenize
 
 def _saved_tokenizer(path: str) -> Optional[str]:
     """The folder of the tokenizer the weights at `path` were trained with (None: none, or bytes / a BPE)."""
-    if _hf_config(path) is not None:
+    if hf_folder_config(path) is not None:
         return path if any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES) else None
     try:
-        return _saved_model(path)[2]
+        return saved_model(path)[2]
     except (ValueError, OSError, LookupError):  # no checkpoint, a damaged one: check_init_from names it first
         return None
 
@@ -136,7 +138,7 @@ def check_init_from(path: str, family: str, config: Any, *, config_name: Optiona
     from ember.core.checkpoint import CheckpointError
 
     configured = config if isinstance(config, Mapping) or config is None else to_dict(config)
-    hf = _hf_config(path)
+    hf = hf_folder_config(path)
     if hf is not None:
         saved_family, saved = _hf_model(path, hf)
         message = refusal(f"--init_from {path}", "folder", saved_family, saved, family, configured or {}, config_name)
@@ -172,7 +174,7 @@ def load_initial_params(path: str, model: Any, *, model_info: Mapping[str, Any],
         CheckpointError: the checkpoint is missing, damaged, or of another model.
     """
     check_init_from(path, model_info["family"], model_info.get("config"))
-    if _hf_config(path) is not None:
+    if hf_folder_config(path) is not None:
         from ember.core import pytree
         from ember.core.device import to_device
         from ember.models._safetensors import read_safetensors_folder

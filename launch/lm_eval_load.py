@@ -53,13 +53,13 @@ def load_model(path: str, *, device: Any = "cpu") -> Tuple[Any, Any, Any]:
         CheckpointError: a run directory without (intact) checkpoints.
     """
     from ember.core import to_device
-    from ember.launch.init_from import _hf_config, _saved_model
+    from ember.launch.init_from import hf_folder_config, saved_model
 
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ValueError(f"{path}: no such folder; pass a Hugging Face model folder (config.json + *.safetensors + "
                          f"tokenizer.json), an exported run (launch/ckpt.py export --hf) or a run directory (--out).")
-    hf = _hf_config(path)
+    hf = hf_folder_config(path)
     if hf is not None:
         from ember.models import SUPPORTED_HF_MODELS, from_hf
 
@@ -76,7 +76,7 @@ def load_model(path: str, *, device: Any = "cpu") -> Tuple[Any, Any, Any]:
     from ember.launch.init_from import load_initial_params
     from ember.models import build_model
 
-    family, config, folder = _saved_model(path)
+    family, config, folder = saved_model(path)
     model = build_model(family, config)
     params = load_initial_params(path, model, model_info=model_info(family, config), device=device)
     return model, params, _run_tokenizer(path, folder)
