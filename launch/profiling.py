@@ -5,7 +5,7 @@ Public names: `ProfileConfig`, `StepProfiler`, `XlaStepProfiler`.
 `--profile.steps 3:5` records steps 3 to 5 (both included) with `torch.profiler` into
 `<out>/profile/trace_steps_3-5.json`, a Chrome trace whose `ProfilerStep#N` spans are the run's steps N:
 open it at https://ui.perfetto.dev (or chrome://tracing). `--profile.memory` adds memory: on CUDA an
-allocator snapshot of the same steps (`torch.cuda.memory._record_memory_history`, into
+allocator snapshot of the same steps (`ember.core.compat.cuda_memory`, into
 `<out>/profile/memory_snapshot.pickle`, for https://pytorch.org/memory_viz); on the CPU the profiler's
 memory table (`profile_memory=True`, into `<out>/profile/memory_table.txt`). The profiler only observes:
 the compiled step is called as without it (same bits, same compiles).
@@ -26,6 +26,8 @@ import os
 from typing import Any, Callable, Optional, Tuple
 
 import torch
+
+from ember.core.compat.cuda_memory import dump_memory_snapshot, record_memory_history, stop_memory_history
 
 __all__ = ["ProfileConfig", "StepProfiler", "XlaStepProfiler"]
 
@@ -146,7 +148,7 @@ class StepProfiler:
             self._prof.start()
             self._prof.step()  # now at step i: ProfilerStep#i wraps it
         if self._cuda_memory and i == self.first:
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
+            record_memory_history(max_entries=100_000)
 
     def step_done(self, i: int) -> None:
         """After run step `i` (logged, checkpointed)."""
@@ -161,8 +163,8 @@ class StepProfiler:
     def _dump_cuda_memory(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, "memory_snapshot.pickle")
-        torch.cuda.memory._dump_snapshot(path)
-        torch.cuda.memory._record_memory_history(enabled=None)
+        dump_memory_snapshot(path)
+        stop_memory_history()
         self._cuda_memory = False
         self.say(f"profile: memory snapshot of steps {self.first}-{self.last} in {path}; open it at "
                  f"https://pytorch.org/memory_viz")

@@ -239,6 +239,13 @@ def test_functional_collectives_are_still_private():
     assert all(callable(getattr(funcol, n)) for n in funcol.__all__)
 
 
+def test_cuda_memory_history_is_still_private():
+    memory = torch.cuda.memory
+    assert not hasattr(memory, "record_memory_history") and not hasattr(memory, "dump_snapshot"), (
+        "torch made the memory history public: call it there and drop compat/cuda_memory.py")
+    assert callable(memory._record_memory_history) and callable(memory._dump_snapshot)
+
+
 def test_dispatch_modes_are_still_private():
     import torch.overrides
 

@@ -18,6 +18,8 @@ TINY = ["--backend", "eager", "--model.n_layers", "1", "--data.max_bytes", "1000
 def gpu_run(cuda, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # device_for("eager") picks "cuda"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)  # float32 compute
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args, **kwargs: 0)  # a simulated device has no
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args, **kwargs: None)  # allocator to ask
     return cuda
 
 
